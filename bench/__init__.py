@@ -1,0 +1,1 @@
+"""Benchmarks against named baselines; results in docs/benchmarks.md."""

@@ -1,0 +1,1 @@
+"""Channels consumers and HTTP views: thin adapters over the gateway engine."""

@@ -1,0 +1,263 @@
+"""The HTTP API (protocol: HTTP, Health and stats). Thin async views over the engine."""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.middleware.csrf import CsrfViewMiddleware
+from django.views.decorators.csrf import csrf_exempt
+
+from gateway.auth import principal_for_token, principal_for_user, token_from_headers
+from gateway.broadcast import get_broadcaster
+from gateway.conf import gateway_settings
+from gateway.engine import get_engine
+from gateway.errors import BadFrame, Forbidden, Invalid, ProtocolError, TooLarge, Unauthorized
+from gateway.protocol import (
+    MAX_BATCH,
+    EnqueueSpec,
+    check_name,
+    decode_object,
+    parse_enqueue_spec,
+)
+from gateway.scopes import Principal
+from gateway.store import AbortTxn, CommitTxn, Enqueue, Purge, Redrive, Stage, Stats
+
+__all__ = [
+    "healthz",
+    "queue_detail",
+    "queue_messages",
+    "queue_purge",
+    "queue_redrive",
+    "stats",
+    "topic_messages",
+    "txn_abort",
+    "txn_commit",
+    "txn_partition",
+]
+
+View = Callable[..., Awaitable[HttpResponse]]
+
+TXN_RE = re.compile(r"[A-Za-z0-9._:-]{1,200}")
+
+
+def error_response(exc: ProtocolError) -> JsonResponse:
+    """``{"error": CODE, "detail": ...}`` with the code's HTTP status."""
+    return JsonResponse({"error": exc.code, "detail": exc.detail}, status=exc.http_status)
+
+
+def _json(data: Any, status: int = 200) -> HttpResponse:
+    return HttpResponse(orjson.dumps(data), status=status, content_type="application/json")
+
+
+async def _principal(request: HttpRequest) -> Principal:
+    """A bearer token, or a staff session (then unsafe methods need the CSRF token)."""
+    secret = token_from_headers(
+        (k.lower().encode(), v.encode("latin-1")) for k, v in request.headers.items()
+    )
+    if secret is not None:
+        from channels.db import database_sync_to_async
+
+        found: Principal | None = await database_sync_to_async(principal_for_token)(secret)
+        if found is None:
+            raise Unauthorized("unknown or revoked token")
+        return found
+    user = await request.auser()
+    principal = principal_for_user(user)
+    if principal is None:
+        raise Unauthorized("send 'Authorization: Bearer TOKEN' or log in as staff")
+    if request.method not in ("GET", "HEAD", "OPTIONS"):
+        refused = CsrfViewMiddleware(lambda r: HttpResponse()).process_view(
+            request, lambda r: HttpResponse(), (), {}
+        )
+        if refused is not None:
+            raise Unauthorized("CSRF check failed for a session-authenticated request")
+    return principal
+
+
+def api(*methods: str) -> Callable[[View], View]:
+    """Authenticate, check the method, and turn ProtocolErrors into JSON errors."""
+
+    def wrap(view: View) -> View:
+        @csrf_exempt  # bearer-token clients have no CSRF token; sessions are checked above
+        @functools.wraps(view)
+        async def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if request.method not in methods:
+                return JsonResponse(
+                    {"error": "bad_frame", "detail": f"use {' or '.join(methods)}"}, status=405
+                )
+            try:
+                principal = await _principal(request)
+                return await view(request, principal, *args, **kwargs)
+            except ProtocolError as exc:
+                return error_response(exc)
+
+        return wrapped
+
+    return wrap
+
+
+def _body(request: HttpRequest) -> dict[str, Any]:
+    if len(request.body) > gateway_settings().max_frame_bytes:
+        raise TooLarge("request body over the frame limit")
+    try:
+        text = request.body.decode()
+    except UnicodeDecodeError as exc:
+        raise BadFrame("the request body is not UTF-8") from exc
+    return decode_object(text)
+
+
+async def _audit(principal: Principal, queue: str, message: str) -> None:
+    """A staff user's action goes to Django's admin log, like the admin's own."""
+    if principal.user_id is None:
+        return
+    from channels.db import database_sync_to_async
+
+    from dashboard.operations import audit
+    from gateway.models import Queue
+
+    def record() -> None:
+        row = Queue.objects.filter(name=queue).first()
+        audit(principal.user_id, row if row is not None else f"queue {queue}", message)
+
+    await database_sync_to_async(record)()
+
+
+def _messages(data: dict[str, Any], *, allow_empty: bool) -> list[EnqueueSpec]:
+    """The validated ``messages`` list of a request body; errors name the index."""
+    messages = data.get("messages")
+    if not isinstance(messages, list):
+        raise BadFrame("field 'messages' must be a list")
+    if not messages and not allow_empty:
+        raise Invalid("'messages' is empty")
+    if len(messages) > MAX_BATCH:
+        raise TooLarge(f"at most {MAX_BATCH} messages per request")
+    limits = gateway_settings().limits
+    specs = []
+    for index, item in enumerate(messages):
+        try:
+            specs.append(parse_enqueue_spec(item, limits))
+        except ProtocolError as exc:
+            exc.detail = f"messages[{index}]: {exc.detail}"
+            raise
+    return specs
+
+
+async def healthz(request: HttpRequest) -> HttpResponse:
+    """200 ``{"status": "ok"}``, no auth."""
+    return _json({"status": "ok"})
+
+
+@api("POST")
+async def queue_messages(request: HttpRequest, principal: Principal, queue: str) -> HttpResponse:
+    """Enqueue a batch, all or nothing."""
+    check_name(queue)
+    principal.require("enqueue", queue)
+    specs = _messages(_body(request), allow_empty=False)
+    results = await get_engine().call(Enqueue(queue, specs))
+    return _json({"results": [r.as_json() for r in results]})
+
+
+@api("GET")
+async def queue_detail(request: HttpRequest, principal: Principal, queue: str) -> HttpResponse:
+    """Counts per state of one queue; 404 for a queue never used."""
+    check_name(queue)
+    if not principal.allows("enqueue", queue):
+        principal.require("consume", queue)
+    return _json(await get_engine().call(Stats(queue)))
+
+
+@api("POST")
+async def queue_purge(request: HttpRequest, principal: Principal, queue: str) -> HttpResponse:
+    """Delete every message that is not in flight (scope ``admin``)."""
+    check_name(queue)
+    principal.require("admin")
+    purged = await get_engine().call(Purge(queue))
+    await _audit(principal, queue, f"Purged {purged} messages (dashboard or API).")
+    return _json({"purged": purged})
+
+
+@api("POST")
+async def queue_redrive(request: HttpRequest, principal: Principal, queue: str) -> HttpResponse:
+    """Move every dead message back to visible (scope ``admin``)."""
+    check_name(queue)
+    principal.require("admin")
+    redriven = await get_engine().call(Redrive(queue))
+    await _audit(principal, queue, f"Redrove {redriven} dead messages (dashboard or API).")
+    return _json({"redriven": redriven})
+
+
+@api("POST")
+async def topic_messages(request: HttpRequest, principal: Principal, topic: str) -> HttpResponse:
+    """Publish a batch to a topic, in order (protocol: Publish)."""
+    check_name(topic, "topic")
+    principal.require("publish", topic)
+    bodies = [spec.body_json for spec in _messages(_body(request), allow_empty=False)]
+    broadcaster = get_broadcaster()
+    for body in bodies:
+        if broadcaster.publish_now(topic, body) is None:
+            await broadcaster.publish(topic, body)
+    return _json({"published": len(bodies)})
+
+
+def _check_txn(txn: str) -> str:
+    if TXN_RE.fullmatch(txn) is None:
+        raise Invalid("transaction names are 1-200 characters of [A-Za-z0-9._:-]")
+    return txn
+
+
+@api("PUT")
+async def txn_partition(
+    request: HttpRequest, principal: Principal, txn: str, partition: int
+) -> HttpResponse:
+    """Stage one partition of a transaction, replacing what it staged before (docs/protocol.md)."""
+    _check_txn(txn)
+    data = _body(request)
+    queue = check_name(data.get("queue"))
+    principal.require("enqueue", queue)
+    specs = _messages(data, allow_empty=True)  # a partition may stage nothing
+    result = await get_engine().call(Stage(txn, partition, queue, specs))
+    return _json({"staged": result.messages, "state": result.state, "already": result.already})
+
+
+def _may_enqueue_somewhere(principal: Principal) -> None:
+    if not principal.is_admin and not any(g.action == "enqueue" for g in principal.grants):
+        raise Forbidden(f"token {principal.name!r} has no enqueue scope")
+
+
+@api("POST")
+async def txn_commit(request: HttpRequest, principal: Principal, txn: str) -> HttpResponse:
+    """Make everything staged under ``txn`` visible at once; idempotent."""
+    _check_txn(txn)
+    _may_enqueue_somewhere(principal)
+    result = await get_engine().call(CommitTxn(txn))
+    return _json({"committed": result.messages, "already": result.already})
+
+
+@api("POST")
+async def txn_abort(request: HttpRequest, principal: Principal, txn: str) -> HttpResponse:
+    """Discard what is staged under ``txn``."""
+    _check_txn(txn)
+    _may_enqueue_somewhere(principal)
+    result = await get_engine().call(AbortTxn(txn))
+    return _json({"aborted": result.messages, "already": result.already})
+
+
+@api("GET")
+async def stats(request: HttpRequest, principal: Principal) -> HttpResponse:
+    """Queues and every connected socket of this process (scope ``admin``)."""
+    principal.require("admin")
+    engine = get_engine()
+    data = await engine.call(Stats())
+    broadcaster = get_broadcaster()
+    data["topics"] = broadcaster.describe_topics()
+    data["sockets"] = [socket.describe() for socket in engine.sockets]
+    data["process"] = engine.describe() | {
+        "slow_consumers_closed": broadcaster.slow_consumers_closed,
+        "relay": broadcaster.relay_figures(),
+    }
+    return _json(data)

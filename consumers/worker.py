@@ -1,0 +1,285 @@
+"""The worker socket ``/ws/queues/QUEUE/`` (protocol: Worker socket).
+
+The socket holds at most ``prefetch`` unacked leases; the queue's pump pushes
+deliveries while it has room. Its leases end with ack, nack, reject, their
+timeout, or the socket closing, which releases them at once (DESIGN decision 5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from typing import Any, assert_never
+
+from consumers.base import GatewaySocket, int_param
+from gateway.errors import Invalid, ProtocolError, StaleReceipt
+from gateway.leases import WorkerLeases
+from gateway.protocol import (
+    MAX_TIMEOUT,
+    AckFrame,
+    AckManyFrame,
+    ClientFrame,
+    CreditFrame,
+    DisconnectFrame,
+    EnqueueFrame,
+    EnqueueManyFrame,
+    ExtendFrame,
+    NackFrame,
+    PublishFrame,
+    RejectFrame,
+    check_name,
+    encode,
+    encode_deliver,
+    encode_deliveries,
+)
+from gateway.pump import QueuePump
+from gateway.store import Ack, AckResult, Delivered, Extend, Nack, Reject, Release, Result
+
+__all__ = ["WorkerSocket"]
+
+MAX_PREFETCH = 1000
+
+
+class WorkerSocket(GatewaySocket):
+    """A worker: receives ``deliver`` frames and ends its leases."""
+
+    kind = "worker"
+    ops = frozenset(
+        {"ack", "ack_many", "nack", "reject", "extend", "enqueue", "enqueue_many", "publish"}
+    )
+
+    queue: str
+    leases: WorkerLeases
+    pump: QueuePump
+
+    async def open(self, params: dict[str, str]) -> None:
+        self.queue = check_name(self.scope["url_route"]["kwargs"]["queue"], "queue")
+        prefetch = int_param(params, "prefetch", 10, 1, MAX_PREFETCH)
+        # Extension: batch=N lets the gateway coalesce up to N deliveries into
+        # one ``deliveries`` frame (DESIGN decision 8); 1 keeps v1 frames.
+        self.batch = int_param(params, "batch", 1, 1, MAX_PREFETCH)
+        timeout: float | None = None
+        if "visibility_timeout" in params:
+            try:
+                timeout = float(params["visibility_timeout"])
+            except ValueError:
+                raise Invalid("visibility_timeout must be a number of seconds") from None
+            if not 0 < timeout <= MAX_TIMEOUT:
+                raise Invalid(f"visibility_timeout must be > 0 and <= {MAX_TIMEOUT:.0f}")
+        self.require("consume", self.queue)
+        self._timeout = timeout
+        self.leases = WorkerLeases(prefetch, time.time)
+        self._expiry_timer: asyncio.TimerHandle | None = None
+        self.acked = self.nacked = self.rejected = self.redelivered = 0
+
+    def opened(self) -> None:
+        self.pump = self.engine.attach(self.queue, self)
+
+    def closed(self) -> None:
+        self.engine.detach(self.queue, self)
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+        held = self.leases.receipts()
+        if held:
+            # Released at once, not after their timeout (protocol: Work queue).
+            self.engine.submit(Release(self.queue, held), _ignore)
+
+    # -- the pump's side (gateway.pump.WorkerSink)
+
+    @property
+    def demand(self) -> int:
+        return self.leases.demand if self._open else 0
+
+    @property
+    def visibility_timeout(self) -> float | None:
+        return self._timeout
+
+    def deliver(self, items: list[Delivered]) -> None:
+        now = time.time()
+        for item in items:
+            self.leases.add(item.receipt, item.expires_at)
+            if item.deliveries > 1:
+                self.redelivered += 1
+        if self.batch == 1:
+            for item in items:
+                expires_in = max(0.0, item.expires_at - now)
+                self.push(
+                    encode_deliver(
+                        self.queue, item.id, item.receipt, item.body, item.deliveries, expires_in
+                    )
+                )
+        else:
+            for start in range(0, len(items), self.batch):
+                chunk = items[start : start + self.batch]
+                self.push(
+                    encode_deliveries(
+                        self.queue,
+                        [
+                            (d.id, d.receipt, d.body, d.deliveries, max(0.0, d.expires_at - now))
+                            for d in chunk
+                        ],
+                    )
+                )
+        self._arm_expiry()
+
+    def _arm_expiry(self) -> None:
+        due = self.leases.next_expiry()
+        if due is None or self._expiry_timer is not None:
+            return
+        loop = asyncio.get_running_loop()
+        self._expiry_timer = loop.call_later(max(0.0, due - time.time()), self._expire)
+
+    def _expire(self) -> None:
+        self._expiry_timer = None
+        if self.leases.expire():
+            # Expired leases free prefetch room; the messages themselves come
+            # due in the store at the same moment and the pump's timer finds them.
+            self.pump.poke()
+        self._arm_expiry()
+
+    # -- frames
+
+    def handle(self, frame: ClientFrame) -> None:
+        match frame:
+            case EnqueueFrame() | EnqueueManyFrame():
+                self.enqueue(frame, default_queue=self.queue)
+            case AckFrame():
+                self._ack(frame)
+            case AckManyFrame():
+                self._ack_many(frame)
+            case NackFrame():
+                self._end(frame, Nack(self.queue, frame.receipt, frame.delay), "nacked")
+            case RejectFrame():
+                self._end(frame, Reject(frame.receipt), "rejected")
+            case ExtendFrame():
+                self._extend(frame)
+            case PublishFrame():
+                self.publish(frame)
+            case CreditFrame() | DisconnectFrame():
+                raise AssertionError("not in this socket's ops")
+            case _:
+                assert_never(frame)
+
+    def _check_held(self, receipt: str) -> None:
+        if not self.leases.holds(receipt):
+            raise StaleReceipt("the receipt is not a current lease of this socket")
+
+    def _settle(self, receipt: str, result: Result, *, poke: bool = True) -> bool:
+        """Forget a lease the store no longer holds for us: ended now (True) or stale.
+
+        A refusal such as ``unavailable`` changed nothing, so the lease stays.
+        """
+        ended = not isinstance(result, ProtocolError)
+        if ended or isinstance(result, StaleReceipt):
+            self.leases.end(receipt)
+            if poke:
+                self.pump.poke()
+        return ended
+
+    def _ack(self, frame: AckFrame) -> None:
+        self._check_held(frame.receipt)
+        follow_ups = []
+        for queue, spec in frame.follow_ups:
+            target = queue or self.queue
+            self.require("enqueue", target)
+            follow_ups.append((target, spec))
+        ref = frame.ref
+
+        def landed(result: Result) -> None:
+            if self._settle(frame.receipt, result):
+                self.acked += 1
+                self.engine.count(self.queue, "acked")
+            self.reply(result, ref, _acked_reply if not follow_ups else _acked_with_follow_ups)
+
+        self.engine.submit(Ack(frame.receipt, tuple(follow_ups)), landed)
+
+    def _ack_many(self, frame: AckManyFrame) -> None:
+        """Extension: ack many receipts in one frame; the reply lists those not acked."""
+        held = [r for r in dict.fromkeys(frame.receipts) if self.leases.holds(r)]
+        not_acked = [r for r in frame.receipts if r not in held]
+        ref = frame.ref
+        pending = len(held)
+
+        def landed(receipt: str, result: Result) -> None:
+            nonlocal pending
+            pending -= 1
+            if self._settle(receipt, result, poke=False):
+                self.acked += 1
+                self.engine.count(self.queue, "acked")
+            else:
+                not_acked.append(receipt)
+            if pending == 0:
+                # One poke for the whole frame, so the freed room is refilled
+                # by one lease round rather than one per receipt.
+                self.pump.poke()
+                acked = len(held) - sum(1 for r in not_acked if r in held)
+                self.push(encode({"op": "acked_many", "acked": acked, "stale": not_acked}, ref))
+
+        if not held:
+            self.push(encode({"op": "acked_many", "acked": 0, "stale": not_acked}, ref))
+            return
+        for receipt in held:
+            self.engine.submit(Ack(receipt), functools.partial(landed, receipt))
+
+    def _end(self, frame: NackFrame | RejectFrame, op: Nack | Reject, reply_op: str) -> None:
+        self._check_held(frame.receipt)
+        ref = frame.ref
+
+        def landed(result: Result) -> None:
+            if self._settle(frame.receipt, result):
+                if isinstance(op, Nack):
+                    self.nacked += 1
+                else:
+                    self.rejected += 1
+            self.reply(result, ref, lambda _: {"op": reply_op})
+
+        self.engine.submit(op, landed)
+
+    def _extend(self, frame: ExtendFrame) -> None:
+        self._check_held(frame.receipt)
+        ref = frame.ref
+
+        def landed(result: Result) -> None:
+            if isinstance(result, float):  # the new expiry time
+                self.leases.extend(frame.receipt, result)
+                self._arm_expiry()
+            else:
+                self._settle(frame.receipt, result)
+            self.reply(
+                result,
+                ref,
+                lambda expires_at: {
+                    "op": "extended",
+                    "expires_in": round(expires_at - time.time(), 3),
+                },
+            )
+
+        self.engine.submit(Extend(frame.receipt, frame.timeout), landed)
+
+    # -- dashboard
+
+    def describe(self) -> dict[str, Any]:
+        """This socket's live state for ``/api/stats``."""
+        return {
+            **self.identity(),
+            "queue": self.queue,
+            "prefetch": self.leases.prefetch,
+            "leases": len(self.leases),
+            "acked": self.acked,
+            "nacked": self.nacked,
+            "rejected": self.rejected,
+            "redelivered": self.redelivered,
+        }
+
+
+def _acked_reply(_: AckResult) -> dict[str, Any]:
+    return {"op": "acked"}
+
+
+def _acked_with_follow_ups(result: AckResult) -> dict[str, Any]:
+    return {"op": "acked", "enqueued": [r.as_json() for r in result.enqueued]}
+
+
+def _ignore(_: Result) -> None:
+    pass

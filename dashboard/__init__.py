@@ -1,0 +1,1 @@
+"""The operator UI: the live dashboard page and the Django admin."""

@@ -1,0 +1,189 @@
+"""The Django admin: queues, messages and tokens, with the operator actions.
+
+Every action is recorded in Django's admin log (LogEntry) with what it did.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils import timezone
+from django.utils.html import format_html
+
+from dashboard import operations
+from gateway.errors import Invalid
+from gateway.leases import StoredState, observed_state
+from gateway.models import Message, Queue, Token, hash_token
+from gateway.scopes import parse_scope
+
+
+@admin.register(Queue)
+class QueueAdmin(admin.ModelAdmin[Queue]):
+    list_display = ("name", "visibility_timeout", "max_deliveries", "dedup_window", "counts")
+    search_fields = ("name",)
+    readonly_fields = ("created_at",)
+    actions = ["purge_queues", "redrive_queues"]
+
+    @admin.display(description="visible / in flight / dead")
+    def counts(self, queue: Queue) -> str:
+        now = time.time()
+        rows = Message.objects.filter(queue=queue).values_list("state", "visible_at")
+        tally = {"visible": 0, "in_flight": 0, "delayed": 0, "dead": 0}
+        for state, visible_at in rows.iterator():
+            tally[observed_state(StoredState(state), visible_at, now).value] += 1
+        return f"{tally['visible']} / {tally['in_flight']} / {tally['dead']}"
+
+    @admin.action(description="Purge: delete every message not in flight")
+    def purge_queues(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
+        for queue in queryset:
+            n = operations.purge(queue)
+            self.log_change(request, queue, f"Purged {n} messages (in-flight ones kept).")
+            self.message_user(request, f"{queue.name}: purged {n} messages.")
+
+    @admin.action(description="Redrive: move dead messages back to visible")
+    def redrive_queues(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
+        for queue in queryset:
+            n = operations.redrive(queue)
+            self.log_change(request, queue, f"Redrove {n} dead messages.")
+            self.message_user(request, f"{queue.name}: redrove {n} dead messages.")
+
+
+class StateFilter(admin.SimpleListFilter):
+    """The protocol's states, which depend on the time as well as the column."""
+
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [
+            ("visible", "visible"),
+            ("delayed", "delayed"),
+            ("in_flight", "in flight"),
+            ("dead", "dead"),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        now = time.time()
+        timed = [StoredState.LEASED, StoredState.DELAYED]
+        match self.value():
+            case "visible":
+                return queryset.filter(state=StoredState.READY) | queryset.filter(
+                    state__in=timed, visible_at__lte=now
+                )
+            case "delayed":
+                return queryset.filter(state=StoredState.DELAYED, visible_at__gt=now)
+            case "in_flight":
+                return queryset.filter(state=StoredState.LEASED, visible_at__gt=now)
+            case "dead":
+                return queryset.filter(state=StoredState.DEAD)
+        return queryset
+
+
+@admin.register(Message)
+class MessageAdmin(admin.ModelAdmin[Message]):
+    list_display = ("id", "queue", "protocol_state", "deliveries", "key", "short_body")
+    list_filter = ("queue", StateFilter)
+    search_fields = ("=id", "key")
+    readonly_fields = (
+        "queue",
+        "state",
+        "visible_at",
+        "deliveries",
+        "lease_token",
+        "enqueued_at",
+        "key",
+        "pretty_body",
+    )
+    exclude = ("body",)
+    actions = ["requeue_messages", "delete_selected"]
+
+    @admin.display(description="state")
+    def protocol_state(self, message: Message) -> str:
+        return message.protocol_state.value
+
+    @admin.display(description="body")
+    def short_body(self, message: Message) -> str:
+        return message.body if len(message.body) <= 80 else message.body[:77] + "..."
+
+    @admin.display(description="body")
+    def pretty_body(self, message: Message) -> str:
+        # format_html escapes the body: it is data from producers, never markup.
+        return format_html("<pre style='white-space: pre-wrap'>{}</pre>", message.body)
+
+    @admin.action(description="Requeue: make dead or in-flight messages visible again")
+    def requeue_messages(self, request: HttpRequest, queryset: QuerySet[Message]) -> None:
+        chosen = list(queryset)
+        n = operations.requeue(chosen)
+        for message in chosen:
+            self.log_change(request, message, "Requeued (old receipt made stale).")
+        self.message_user(request, f"Requeued {n} messages.")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # messages come from producers, through the protocol
+
+
+class TokenForm(forms.ModelForm[Token]):
+    scopes_text = forms.CharField(
+        label="Scopes",
+        help_text="One per line: admin, or ACTION:PATTERN (enqueue, consume, publish, subscribe).",
+        widget=forms.Textarea(attrs={"rows": 4}),
+    )
+
+    class Meta:
+        model = Token
+        fields = ("name", "revoked_at")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            self.fields["scopes_text"].initial = "\n".join(self.instance.scopes)
+
+    def clean_scopes_text(self) -> list[str]:
+        scopes = [
+            line.strip() for line in self.cleaned_data["scopes_text"].splitlines() if line.strip()
+        ]
+        if not scopes:
+            raise forms.ValidationError("A token needs at least one scope.")
+        for scope in scopes:
+            try:
+                parse_scope(scope)
+            except Invalid as exc:
+                raise forms.ValidationError(exc.detail) from exc
+        return scopes
+
+
+@admin.register(Token)
+class TokenAdmin(admin.ModelAdmin[Token]):
+    form = TokenForm
+    list_display = ("name", "scopes", "created_at", "revoked_at")
+    actions = ["revoke_tokens"]
+
+    def save_model(self, request: HttpRequest, obj: Token, form: Any, change: bool) -> None:
+        obj.scopes = form.cleaned_data["scopes_text"]
+        if not change:
+            import secrets
+
+            secret = "lc_" + secrets.token_urlsafe(32)
+            obj.token_hash = hash_token(secret)
+            super().save_model(request, obj, form, change)
+            # Shown once: only the hash is stored.
+            messages.warning(
+                request, f"Token for {obj.name}: {secret} (copy it now; it is not stored)"
+            )
+            return
+        super().save_model(request, obj, form, change)
+
+    @admin.action(description="Revoke selected tokens")
+    def revoke_tokens(self, request: HttpRequest, queryset: QuerySet[Token]) -> None:
+        for token in queryset.filter(revoked_at__isnull=True):
+            token.revoked_at = timezone.now()
+            token.save(update_fields=["revoked_at"])
+            self.log_change(request, token, "Revoked.")
+        self.message_user(
+            request, "Revoked. Gateways stop accepting them within GATEWAY_TOKEN_CACHE_TTL."
+        )

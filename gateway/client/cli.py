@@ -1,0 +1,289 @@
+"""``leasecast``: enqueue, consume, publish, subscribe and inspect from a shell.
+
+.. code-block:: sh
+
+    export LEASECAST_URL=http://127.0.0.1:8000 LEASECAST_TOKEN=lc_...
+    leasecast enqueue emails '{"to": "ada@example.com"}' --key signup-42
+    seq 3 | leasecast enqueue emails -          # one JSON body per line of stdin
+    leasecast consume emails --count 10         # print each delivery as JSON, ack it
+    leasecast stats emails
+    leasecast publish prices '{"EURUSD": 1.09}'
+    leasecast subscribe prices --count 5
+
+Exit codes: 0 done, 1 the gateway refused or could not be reached (the error
+is printed), 2 bad usage (missing token, a body that is not JSON, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Sequence
+from typing import Any
+from urllib.parse import quote
+
+from gateway.client.link import http_url
+from gateway.client.producer import Producer
+from gateway.client.subscriber import Subscriber
+from gateway.client.worker import Worker
+from gateway.errors import LeasecastError, ProtocolError, error_for_code
+
+__all__ = ["UsageError", "build_parser", "main", "parse_bodies"]
+
+_DESCRIPTION = "Enqueue, consume, publish, subscribe and inspect Leasecast from a shell."
+
+
+class UsageError(Exception):
+    """Bad arguments: exit code 2."""
+
+
+def _positive_int(text: str) -> int:
+    # argparse turns ArgumentTypeError into a usage error (exit 2) naming the option.
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the argument parser (defaults read the environment when this is called).
+
+    Returns:
+        The parser; ``parse_args`` gives ``command`` plus that command's options.
+    """
+    parser = argparse.ArgumentParser(prog="leasecast", description=_DESCRIPTION)
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("LEASECAST_URL", "http://127.0.0.1:8000"),
+        help="the gateway (env LEASECAST_URL, default http://127.0.0.1:8000)",
+    )
+    parser.add_argument(
+        "--token", default=os.environ.get("LEASECAST_TOKEN"), help="API token (env LEASECAST_TOKEN)"
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    enqueue = commands.add_parser("enqueue", help="enqueue messages")
+    enqueue.add_argument("queue")
+    enqueue.add_argument("bodies", nargs="*", help="JSON bodies; '-' reads one per line of stdin")
+    enqueue.add_argument("--key", help="idempotency key (one body only)")
+    enqueue.add_argument("--delay", type=float, default=0.0, help="seconds before visible")
+
+    consume = commands.add_parser("consume", help="print deliveries as JSON lines and ack them")
+    consume.add_argument("queue")
+    consume.add_argument("--prefetch", type=_positive_int, default=10)
+    consume.add_argument("--count", type=_positive_int, help="stop after this many messages")
+
+    publish = commands.add_parser("publish", help="publish messages to a topic")
+    publish.add_argument("topic")
+    publish.add_argument("bodies", nargs="*", help="JSON bodies; '-' reads one per line of stdin")
+
+    subscribe = commands.add_parser("subscribe", help="print a topic's messages as JSON lines")
+    subscribe.add_argument("topic")
+    subscribe.add_argument("--count", type=_positive_int, help="stop after this many messages")
+    subscribe.add_argument("--capacity", type=_positive_int, default=1024)
+    subscribe.add_argument(
+        "--on-full", default="drop_oldest", choices=["drop_oldest", "drop_newest", "block"]
+    )
+
+    stats = commands.add_parser("stats", help="queue counts (all queues need an admin token)")
+    stats.add_argument("queue", nargs="?")
+    return parser
+
+
+def parse_bodies(args: Iterable[str], stdin: Iterable[str]) -> list[Any]:
+    """Parse message bodies given on the command line.
+
+    Args:
+        args: JSON texts; ``-`` stands for the non-empty lines of ``stdin``,
+            one JSON body per line.
+        stdin: the lines to read for ``-``.
+
+    Returns:
+        The bodies, in order.
+
+    Raises:
+        UsageError: a body is not JSON (the message numbers it from 1).
+    """
+    texts: list[str] = []
+    for arg in args:
+        if arg == "-":
+            texts += [line for line in stdin if line.strip()]
+        else:
+            texts.append(arg)
+    bodies: list[Any] = []
+    for index, text in enumerate(texts, 1):
+        try:
+            bodies.append(json.loads(text))
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"body {index} is not JSON: {exc}") from exc
+    return bodies
+
+
+async def _enqueue(ns: argparse.Namespace) -> None:
+    bodies = parse_bodies(ns.bodies, sys.stdin)
+    if not bodies:
+        raise UsageError("no bodies: give JSON bodies as arguments or '-' for stdin")
+    if ns.key is not None and len(bodies) != 1:
+        raise UsageError("--key applies to exactly one body")
+    async with Producer(ns.url, token=ns.token) as producer:
+        if len(bodies) == 1:
+            results = [await producer.enqueue(ns.queue, bodies[0], key=ns.key, delay=ns.delay)]
+        else:
+            messages = [{"body": body, "delay": ns.delay} for body in bodies]
+            results = await producer.enqueue_many(ns.queue, messages)
+    for result in results:
+        print(json.dumps(result))
+
+
+async def _consume(ns: argparse.Namespace) -> None:
+    done = 0
+    async with Worker(ns.url, ns.queue, token=ns.token, prefetch=ns.prefetch) as worker:
+        async for delivery in worker:
+            line = {
+                "queue": delivery.queue,
+                "id": delivery.id,
+                "deliveries": delivery.deliveries,
+                "body": delivery.body,
+            }
+            # Printed (and flushed) before the ack: if the ack is lost, the
+            # message comes again, which is at-least-once, never at-most-once.
+            print(json.dumps(line), flush=True)
+            await delivery.ack()
+            done += 1
+            if ns.count is not None and done >= ns.count:
+                return
+
+
+async def _publish(ns: argparse.Namespace) -> None:
+    bodies = parse_bodies(ns.bodies, sys.stdin)
+    if not bodies:
+        raise UsageError("no bodies: give JSON bodies as arguments or '-' for stdin")
+    async with Producer(ns.url, token=ns.token) as producer:
+        for body in bodies:
+            print(json.dumps({"topic": ns.topic, "seq": await producer.publish(ns.topic, body)}))
+
+
+async def _subscribe(ns: argparse.Namespace) -> None:
+    done = 0
+    subscriber = Subscriber(
+        ns.url, ns.topic, token=ns.token, capacity=ns.capacity, on_full=ns.on_full
+    )
+    async with subscriber:
+        async for message in subscriber:
+            line = {"seq": message.seq, "body": message.body, "dropped": subscriber.dropped}
+            print(json.dumps(line), flush=True)
+            done += 1
+            if ns.count is not None and done >= ns.count:
+                return
+
+
+def _stats(ns: argparse.Namespace) -> None:
+    path = f"/api/queues/{quote(ns.queue, safe='')}" if ns.queue else "/api/stats"
+    print(json.dumps(http_get(ns.url, path, ns.token), indent=2))
+
+
+def http_get(base: str, path: str, token: str, timeout: float = 30.0) -> Any:
+    """``GET`` a JSON document from the gateway's HTTP API with the bearer token.
+
+    Args:
+        base: the gateway, ``http://host:port`` (``ws://`` works too).
+        path: e.g. ``/api/stats``.
+        token: the API token.
+        timeout: seconds to wait for the gateway.
+
+    Returns:
+        The decoded JSON.
+
+    Raises:
+        ProtocolError: the gateway answered with an error status (its ``error`` code).
+        LeasecastError: the gateway could not be reached or did not answer JSON.
+    """
+    url = http_url(base, path)
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            raw = response.read()
+    except urllib.error.HTTPError as err:
+        raise _http_error(err) from err
+    except urllib.error.URLError as err:
+        raise LeasecastError(f"cannot reach {url}: {err.reason}") from err
+    except OSError as err:  # a timeout or reset while reading the answer
+        raise LeasecastError(f"cannot reach {url}: {err}") from err
+    try:
+        return json.loads(raw)
+    except ValueError as err:
+        raise LeasecastError(f"{url} did not answer JSON") from err
+
+
+def _http_error(err: urllib.error.HTTPError) -> LeasecastError:
+    # The API answers {"error": CODE, "detail": ...}; a proxy in between may not.
+    try:
+        body = json.loads(err.read())
+    except (ValueError, OSError):
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("error"), str):
+        return error_for_code(body["error"], str(body.get("detail") or ""))
+    return LeasecastError(f"HTTP {err.code} {err.reason}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``leasecast`` command line.
+
+    Args:
+        argv: the arguments after the program name (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit code: 0 done, 1 refused or unreachable, 2 bad usage.
+
+    Raises:
+        SystemExit: argparse rejected the arguments (code 2) or printed ``--help`` (0).
+    """
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if not ns.token:
+        parser.print_usage(sys.stderr)
+        print("leasecast: error: no token (use --token or set LEASECAST_TOKEN)", file=sys.stderr)
+        return 2
+    try:
+        if ns.command == "enqueue":
+            asyncio.run(_enqueue(ns))
+        elif ns.command == "consume":
+            asyncio.run(_consume(ns))
+        elif ns.command == "publish":
+            asyncio.run(_publish(ns))
+        elif ns.command == "subscribe":
+            asyncio.run(_subscribe(ns))
+        else:
+            _stats(ns)
+    except UsageError as exc:
+        print(f"leasecast: error: {exc}", file=sys.stderr)
+        return 2
+    except ProtocolError as exc:
+        print(f"leasecast: {exc.code}: {exc.detail}", file=sys.stderr)
+        for note in getattr(exc, "__notes__", ()):
+            print(f"leasecast: {note}", file=sys.stderr)
+        return 1
+    except LeasecastError as exc:
+        print(f"leasecast: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader went away (``leasecast consume q | head``). The delivery
+        # being printed was not acked, so it comes again. Point stdout at devnull
+        # so the interpreter's final flush does not print a second traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,402 @@
+"""One WebSocket to the gateway, with replies matched to requests by ``ref``.
+
+Shared by :class:`~gateway.client.worker.Worker`,
+:class:`~gateway.client.producer.Producer` and
+:class:`~gateway.client.subscriber.Subscriber`. Imports nothing from Django.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import random
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote, urlencode, urlsplit, urlunsplit
+
+import orjson
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed as WsConnectionClosed
+from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
+
+from gateway.errors import (
+    ConnectionClosed,
+    Forbidden,
+    Invalid,
+    LeasecastError,
+    ProtocolError,
+    Unauthorized,
+    error_for_code,
+)
+
+__all__ = [
+    "PERMANENT_CLOSE_CODES",
+    "Link",
+    "PendingReplies",
+    "backoff_delays",
+    "http_url",
+    "name_path",
+    "permanent",
+    "reopen",
+    "ws_url",
+]
+
+log = logging.getLogger("leasecast.client")
+
+#: Close codes after which reconnecting cannot help (protocol: Errors), and the
+#: error to raise when the server closed with one without stating an ``error`` first.
+PERMANENT_CLOSE_CODES: dict[int, type[ProtocolError]] = {4400: Invalid, 4403: Forbidden}
+
+#: HTTP statuses of a refused handshake that are worth retrying (the rest of 4xx is final).
+_TRANSIENT_HANDSHAKE_STATUSES = frozenset({408, 425, 429})
+
+
+def ws_url(base: str, path: str, params: dict[str, Any] | None = None) -> str:
+    """Build a WebSocket URL from the gateway's base URL.
+
+    Args:
+        base: ``http(s)://host:port``, ``ws(s)://host:port`` or a bare ``host:port``;
+            any path or query it has is replaced.
+        path: the socket's path, e.g. ``/ws/produce/``.
+        params: query parameters; ``None`` values are left out.
+
+    Returns:
+        ``ws://host:port/PATH?QUERY`` (``wss://`` for an ``https``/``wss`` base).
+    """
+    parts = urlsplit(base if "://" in base else f"http://{base}")
+    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
+    query = urlencode({k: v for k, v in (params or {}).items() if v is not None})
+    return urlunsplit((scheme, parts.netloc, path, query, ""))
+
+
+def http_url(base: str, path: str) -> str:
+    """Build an HTTP URL from the gateway's base URL.
+
+    Args:
+        base: ``http(s)://host:port``, ``ws(s)://host:port`` or a bare ``host:port``.
+        path: e.g. ``/api/stats``.
+
+    Returns:
+        ``http://host:port/PATH`` (``https://`` for an ``https``/``wss`` base).
+    """
+    parts = urlsplit(base if "://" in base else f"http://{base}")
+    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+    return urlunsplit((scheme, parts.netloc, path, "", ""))
+
+
+def name_path(prefix: str, name: str) -> str:
+    """``/PREFIX/NAME/`` with ``name`` percent-quoted.
+
+    Valid names never need quoting; quoting a bad one (``"a b"``, ``"x/y"``) makes
+    the gateway answer ``invalid`` instead of the URL breaking in the client.
+    """
+    return f"/{prefix.strip('/')}/{quote(name, safe='')}/"
+
+
+def backoff_delays(
+    initial: float = 0.1, maximum: float = 5.0, rng: random.Random | None = None
+) -> Iterator[float]:
+    """Reconnect delays: exponential, capped, with jitter.
+
+    The n-th delay is drawn uniformly from ``[c/2, c]`` where the ceiling ``c``
+    starts at ``initial`` and doubles up to ``maximum``. The jitter spreads out
+    clients that lost the gateway at the same moment; the floor of ``c/2`` keeps
+    a client from hammering a gateway that refuses it over and over.
+
+    Args:
+        initial: the first ceiling, in seconds.
+        maximum: the largest ceiling, in seconds.
+        rng: the random source (tests pass a seeded one).
+    """
+    rng = rng or random.Random()
+    ceiling = min(initial, maximum)
+    while True:
+        yield rng.uniform(ceiling / 2, ceiling)
+        ceiling = min(maximum, ceiling * 2)
+
+
+def permanent(exc: BaseException) -> bool:
+    """True for failures a reconnect cannot cure (refused token, forbidden name, bad URL)."""
+    return isinstance(exc, Unauthorized | Forbidden | Invalid)
+
+
+class PendingReplies:
+    """Requests and their replies, keyed by the ``ref`` this client gave them.
+
+    Pure bookkeeping (no I/O), so the matching rules are testable on their own:
+    a frame whose ``ref`` is one of ours resolves that request whatever order
+    replies and pushed frames arrive in; anything else is not a reply. A reply
+    is kept until its caller discards the ref: a pipelining caller sends many
+    frames before it awaits the first reply, and replies that come in meanwhile
+    (or just before the socket drops) must not be lost.
+    """
+
+    def __init__(self) -> None:
+        self._refs = itertools.count(1)
+        self._last = 0
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def new(self) -> tuple[int, asyncio.Future[dict[str, Any]]]:
+        """A fresh ref and the future its reply will resolve (needs a running loop)."""
+        ref = self._last = next(self._refs)
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[ref] = future
+        return ref, future
+
+    def get(self, ref: int) -> asyncio.Future[dict[str, Any]] | None:
+        """The future of ``ref`` (resolved or not); None if unknown or already claimed."""
+        return self._pending.get(ref)
+
+    def discard(self, ref: int) -> None:
+        """Forget a request: its reply was claimed, or its frame was never sent."""
+        self._pending.pop(ref, None)
+
+    def resolve(self, frame: dict[str, Any]) -> bool:
+        """Hand ``frame`` to the request it answers; False if it answers none of ours.
+
+        Only ints this instance issued are ours. ``bool`` is excluded because
+        ``True == 1`` in Python: a server echoing ``true`` must not match ref 1.
+        A late reply to a request whose caller gave up is still ours: swallowed.
+        """
+        ref = frame.get("ref")
+        if not isinstance(ref, int) or isinstance(ref, bool) or not 1 <= ref <= self._last:
+            return False
+        future = self._pending.get(ref)
+        if future is not None and not future.done():  # done: cancelled, or a repeat
+            future.set_result(frame)
+        return True
+
+    def fail_all(self, exc: BaseException) -> None:
+        """Fail every request still without a reply (the socket closed).
+
+        Replies already received stay available to :meth:`get`: those requests
+        were answered, whatever happened to the socket afterwards.
+        """
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(exc)
+                # Its caller may never await it (it gave up): mark the exception
+                # retrieved so asyncio does not log it as lost.
+                future.exception()
+
+
+def _refusal(url: str, exc: InvalidStatus) -> LeasecastError:
+    """The error for a handshake the gateway answered with an HTTP status."""
+    status = exc.response.status_code
+    if status in (401, 403):
+        # The protocol answers a missing, unknown or revoked token with 403 at
+        # the handshake; retrying with the same token cannot help.
+        return Unauthorized(f"the gateway refused the token for {url} (HTTP {status})")
+    if 400 <= status < 500 and status not in _TRANSIENT_HANDSHAKE_STATUSES:
+        # Wrong path or a gateway that does not route it: final as well.
+        return Invalid(f"the gateway refused the socket {url} (HTTP {status})")
+    return ConnectionClosed(f"the handshake with {url} failed (HTTP {status})")
+
+
+class Link:
+    """A connected socket: :meth:`request` sends a frame and awaits its reply.
+
+    Frames that are not replies (``deliver``, ``deliveries``, ``messages``) are
+    queued for :meth:`next`. When the socket closes, every waiter gets
+    :class:`~gateway.errors.ConnectionClosed`, or the protocol error the server
+    stated before a 4400/4403 close (those are final: see :func:`permanent`).
+    """
+
+    def __init__(self, conn: ClientConnection) -> None:
+        self.conn = conn
+        self._pending = PendingReplies()
+        self._frames: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        #: why the socket closed; None while it is open
+        self.closed_with: LeasecastError | None = None
+        loop = asyncio.get_running_loop()
+        #: loop times (seconds) of opening and closing, for "was it healthy?"
+        self.opened_at = loop.time()
+        self.closed_at: float | None = None
+        self._reader = asyncio.create_task(self._read())
+
+    @classmethod
+    async def open(cls, url: str, token: str, **kwargs: Any) -> Link:
+        """Connect with ``Authorization: Bearer TOKEN``.
+
+        Args:
+            url: the socket's ``ws://`` URL.
+            token: the API token.
+            **kwargs: passed on to :func:`websockets.asyncio.client.connect`.
+
+        Raises:
+            Unauthorized: the handshake was refused with HTTP 401/403 (final).
+            Invalid: the URL is malformed or refused with another 4xx (final).
+            ConnectionClosed: the gateway is unreachable or failed (transient).
+        """
+        try:
+            conn = await connect(
+                url, additional_headers={"Authorization": f"Bearer {token}"}, **kwargs
+            )
+        except InvalidStatus as exc:
+            raise _refusal(url, exc) from exc
+        except InvalidURI as exc:
+            raise Invalid(f"not a WebSocket URL: {url}") from exc
+        except (InvalidHandshake, OSError) as exc:
+            # OSError covers refused connections and the opening timeout.
+            raise ConnectionClosed(f"cannot connect to {url}: {exc}") from exc
+        return cls(conn)
+
+    @property
+    def is_open(self) -> bool:
+        """True until the socket has closed (for any reason)."""
+        return self.closed_with is None
+
+    async def _read(self) -> None:
+        last_error: dict[str, Any] | None = None
+        try:
+            async for data in self.conn:
+                try:
+                    frame = orjson.loads(data)
+                except orjson.JSONDecodeError:
+                    log.warning("ignored a frame that is not JSON: %.80r", data)
+                    continue
+                if not isinstance(frame, dict):
+                    log.warning("ignored a frame that is not an object: %.80r", data)
+                elif self._pending.resolve(frame):
+                    pass
+                elif frame.get("op") == "error":
+                    # An error answering no request is the socket's own: the
+                    # refusal the gateway states just before closing 4400/4403.
+                    last_error = frame
+                else:
+                    self._frames.put_nowait(frame)
+        except WsConnectionClosed:
+            pass
+        finally:
+            self.closed_with = self._close_reason(last_error)
+            self.closed_at = asyncio.get_running_loop().time()
+            self._pending.fail_all(self.closed_with)
+            self._frames.put_nowait(None)
+
+    def _close_reason(self, last_error: dict[str, Any] | None) -> LeasecastError:
+        code = self.conn.close_code
+        if code in PERMANENT_CLOSE_CODES:
+            if last_error is not None:
+                return error_for_code(
+                    str(last_error.get("code", "")), str(last_error.get("detail", ""))
+                )
+            return PERMANENT_CLOSE_CODES[code](f"the gateway closed the socket with {code}")
+        reason = f": {self.conn.close_reason}" if self.conn.close_reason else ""
+        return ConnectionClosed(f"socket closed (code {code}{reason})")
+
+    async def send(self, frame: dict[str, Any]) -> int:
+        """Send ``frame`` with a fresh ``ref``; returns the ref, for :meth:`reply`.
+
+        Raises:
+            ConnectionClosed: the socket is closed (or a final error, if it closed with one).
+        """
+        if self.closed_with is not None:
+            raise self.closed_with
+        # Registered before sending, and without an await in between with the
+        # check above, so a reply can never arrive before its waiter exists and
+        # a close can never miss a waiter.
+        ref, _ = self._pending.new()
+        try:
+            await self.conn.send(orjson.dumps({**frame, "ref": ref}).decode())
+        except WsConnectionClosed as exc:
+            self._pending.discard(ref)
+            raise ConnectionClosed("socket closed while sending") from exc
+        except BaseException:
+            self._pending.discard(ref)
+            raise
+        return ref
+
+    async def reply(self, ref: int) -> dict[str, Any]:
+        """The reply to the frame sent with ``ref``.
+
+        Raises:
+            ProtocolError: the gateway answered with an ``error`` frame.
+            ConnectionClosed: the socket closed first.
+        """
+        waiter = self._pending.get(ref)
+        if waiter is None:
+            raise ConnectionClosed(f"no request with ref {ref} (or its reply was taken)")
+        try:
+            # Registered until now, so a close meanwhile fails it (never a hang).
+            frame = await waiter
+        finally:
+            # Claimed, or given up by a cancelled caller: a late reply to it is
+            # then swallowed by PendingReplies.resolve().
+            self._pending.discard(ref)
+        if frame.get("op") == "error":
+            raise error_for_code(str(frame.get("code", "")), str(frame.get("detail", "")))
+        return frame
+
+    def forget(self, ref: int) -> None:
+        """Give up on the reply to ``ref`` without awaiting it (it is swallowed if it comes)."""
+        self._pending.discard(ref)
+
+    async def request(self, frame: dict[str, Any]) -> dict[str, Any]:
+        """Send ``frame`` and return its successful reply (see :meth:`reply`)."""
+        return await self.reply(await self.send(frame))
+
+    async def next(self) -> dict[str, Any]:
+        """The next frame that is not a reply.
+
+        Raises:
+            ConnectionClosed: the socket closed (every later call raises too).
+            ProtocolError: the socket closed with a final error (4400/4403).
+        """
+        frame = await self._frames.get()
+        if frame is None:
+            self._frames.put_nowait(None)  # later calls fail the same way
+            raise self.closed_with or ConnectionClosed("socket closed")
+        return frame
+
+    async def close(self) -> None:
+        """Close the socket politely and wait for the reader to finish."""
+        await self.conn.close()
+        await asyncio.gather(self._reader, return_exceptions=True)
+
+
+async def reopen(
+    url: str,
+    token: str,
+    initial: float,
+    maximum: float,
+    *,
+    delays: Iterator[float] | None = None,
+    stop: asyncio.Event | None = None,
+) -> Link:
+    """Connect again after a drop, waiting out a backoff delay before each attempt.
+
+    Args:
+        url: the socket's URL.
+        token: the API token.
+        initial: first backoff ceiling (used when ``delays`` is not given).
+        maximum: largest backoff ceiling (used when ``delays`` is not given).
+        delays: the backoff schedule to continue (so a flapping gateway sees
+            growing delays across reconnects, not a fresh schedule each time).
+        stop: set to give up at once, even in the middle of a delay.
+
+    Raises:
+        LeasecastError: a permanent refusal (bad token, forbidden name, bad URL).
+        ConnectionClosed: given up because ``stop`` was set.
+    """
+    schedule = delays if delays is not None else backoff_delays(initial, maximum)
+    for delay in schedule:
+        if stop is not None:
+            # Sleep the delay, but wake at once if the owner closes meanwhile.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+        else:
+            await asyncio.sleep(delay)
+        if stop is not None and stop.is_set():
+            raise ConnectionClosed("closed while reconnecting")
+        try:
+            return await Link.open(url, token)
+        except LeasecastError as exc:
+            if permanent(exc):
+                raise
+            log.info("reconnecting to %s failed (%s); retrying", url, exc)
+    raise AssertionError("backoff_delays never ends")

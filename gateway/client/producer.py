@@ -1,0 +1,209 @@
+"""An async producer: enqueues and publishes over ``/ws/produce/``.
+
+.. code-block:: python
+
+    async with Producer("http://127.0.0.1:8000", token=TOKEN) as producer:
+        await producer.enqueue("emails", {"to": "ada@example.com"}, key="signup-42")
+        await producer.enqueue_many("emails", [{"body": i} for i in range(10_000)])
+        await producer.publish("prices", {"EURUSD": 1.09})
+
+A call in flight when the socket drops raises
+:class:`~gateway.errors.ConnectionClosed`: it may or may not have been
+applied, so retry it, with an idempotency key to make the retry safe. The
+next call reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from gateway.client.link import Link, ws_url
+from gateway.errors import ConnectionClosed, LeasecastError, ProtocolError, UnknownOp
+
+__all__ = ["CHUNK", "Producer"]
+
+#: Messages per ``enqueue_many`` frame (the protocol allows 10,000; smaller frames
+#: keep each store transaction and each reply short, and still pipeline).
+CHUNK = 1000
+
+
+class Producer:
+    """Enqueues to any queue, and publishes to any topic, its token allows.
+
+    Args:
+        url: the gateway, ``http://host:port`` or ``ws://host:port``.
+        token: a token with ``enqueue`` (and/or ``publish``) scopes.
+    """
+
+    def __init__(self, url: str, *, token: str) -> None:
+        self.url = ws_url(url, "/ws/produce/")
+        self._token = token
+        self._link: Link | None = None
+        self._connecting = asyncio.Lock()
+        self._closed = False
+        # Whether the gateway knows the ``enqueue_many`` extension; None until a
+        # call finds out (a v1-only gateway answers ``unknown_op``).
+        self._batch_op: bool | None = None
+
+    async def __aenter__(self) -> Producer:
+        await self._connected()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def connected(self) -> bool:
+        """True while the socket is open."""
+        return self._link is not None and self._link.is_open
+
+    async def close(self) -> None:
+        """Close the socket; later calls raise :class:`~gateway.errors.ConnectionClosed`."""
+        self._closed = True
+        if self._link is not None:
+            await self._link.close()
+
+    async def _connected(self) -> Link:
+        # One attempt per call, no backoff: a producer's caller is waiting on
+        # this call and decides itself whether and when to retry.
+        async with self._connecting:
+            if self._closed:
+                raise ConnectionClosed("the producer is closed")
+            if self._link is None or not self._link.is_open:
+                self._link = await Link.open(self.url, self._token)
+            return self._link
+
+    async def enqueue(
+        self, queue: str, body: Any, *, key: str | None = None, delay: float = 0
+    ) -> dict[str, Any]:
+        """Enqueue one message.
+
+        Args:
+            queue: the queue name.
+            body: the message body, any JSON value.
+            key: idempotency key; a repeat within the queue's dedup window is a
+                no-op that returns the first message's id with ``duplicate`` true.
+            delay: seconds before the message is visible.
+
+        Returns:
+            ``{"id": ..., "duplicate": ...}`` once the message is stored.
+
+        Raises:
+            ProtocolError: refused (``invalid``, ``forbidden``, ``too_large``, ...).
+            Unauthorized: the gateway refused the token.
+            ConnectionClosed: the socket dropped first; retry (with a key).
+        """
+        frame: dict[str, Any] = {"op": "enqueue", "queue": queue, "body": body, "delay": delay}
+        if key is not None:
+            frame["key"] = key
+        reply = await (await self._connected()).request(frame)
+        return {"id": reply["id"], "duplicate": reply["duplicate"]}
+
+    async def enqueue_many(
+        self, queue: str, messages: Iterable[Mapping[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """Enqueue many messages, pipelined: every frame is sent before any reply is awaited.
+
+        Messages go in ``enqueue_many`` frames of :data:`CHUNK` (each frame is
+        all or nothing), or, if the gateway does not know that extension, in one
+        ``enqueue`` frame each.
+
+        Args:
+            queue: the queue name.
+            messages: ``{"body", "key"?, "delay"?}`` each.
+
+        Returns:
+            ``{"id", "duplicate"}`` per message, in order.
+
+        Raises:
+            ProtocolError: some messages were refused. Other frames are independent
+                and may have been applied; the exception's notes say which part
+                failed. Retrying with idempotency keys is safe.
+            ConnectionClosed: the socket dropped before every reply came.
+        """
+        batch = [dict(message) for message in messages]
+        if not batch:
+            return []
+        if self._batch_op is not False:
+            chunks = [batch[i : i + CHUNK] for i in range(0, len(batch), CHUNK)]
+            frames = [{"op": "enqueue_many", "queue": queue, "messages": c} for c in chunks]
+            try:
+                replies = await self._pipeline(frames, [len(c) for c in chunks])
+            except UnknownOp:
+                # Every frame was refused the same way, so nothing was applied:
+                # fall back to single enqueues (and remember, for later calls).
+                self._batch_op = False
+            else:
+                self._batch_op = True
+                return [result for reply in replies for result in reply["results"]]
+        frames = [{**message, "op": "enqueue", "queue": queue} for message in batch]
+        replies = await self._pipeline(frames, [1] * len(frames))
+        return [{"id": reply["id"], "duplicate": reply["duplicate"]} for reply in replies]
+
+    async def _pipeline(
+        self, frames: list[dict[str, Any]], sizes: list[int]
+    ) -> list[dict[str, Any]]:
+        """Send every frame, then collect every reply, in order.
+
+        Args:
+            frames: the request frames.
+            sizes: how many messages each frame carries (for the error note).
+
+        Raises:
+            LeasecastError: the first failure, once every reply has settled, so
+                no request is still unanswered when the caller sees it.
+        """
+        link = await self._connected()
+        # Sending does not wait for replies: the reader task matches them by
+        # ref as they come, so the socket stays full in both directions.
+        refs: list[int] = []
+        replies: list[dict[str, Any]] = []
+        failed: list[tuple[int, LeasecastError]] = []
+        try:
+            for frame in frames:
+                refs.append(await link.send(frame))
+            for index, ref in enumerate(refs):
+                try:
+                    replies.append(await link.reply(ref))
+                except LeasecastError as exc:
+                    failed.append((index, exc))
+        finally:
+            # A send that failed, or a cancelled caller, leaves replies nobody
+            # will claim: forget them (the socket may live on for other calls).
+            for ref in refs[len(replies) + len(failed) :]:
+                link.forget(ref)
+        if not failed:
+            return replies
+        index, first = failed[0]
+        start = sum(sizes[:index])
+        what = "were refused" if isinstance(first, ProtocolError) else "got no reply"
+        first.add_note(
+            f"enqueue_many: messages {start}..{start + sizes[index] - 1} {what}; "
+            f"{len(failed)} of {len(frames)} frames failed, the others were applied"
+        )
+        raise first
+
+    async def publish(self, topic: str, body: Any) -> int:
+        """Publish to a broadcast topic.
+
+        Returns once the gateway accepted it for delivery: every subscriber
+        buffer of the gateway took it (or dropped it by its policy) and it was
+        handed on to the other gateway processes.
+
+        Args:
+            topic: the topic name.
+            body: the message body, any JSON value.
+
+        Returns:
+            The message's ``seq``.
+
+        Raises:
+            Forbidden: the token may not publish to ``topic``.
+            ConnectionClosed: the socket dropped before the reply.
+        """
+        reply = await (await self._connected()).request(
+            {"op": "publish", "topic": topic, "body": body}
+        )
+        return int(reply["seq"])

@@ -1,0 +1,312 @@
+"""An async worker for a Leasecast queue.
+
+.. code-block:: python
+
+    async with Worker("ws://127.0.0.1:8000", "emails", token=TOKEN, prefetch=10) as worker:
+        async for delivery in worker:
+            await handle(delivery.body)
+            await delivery.ack()
+
+The gateway pushes deliveries while the worker holds fewer than ``prefetch``
+unacked leases. If the socket drops, the worker reconnects with backoff; the
+gateway released the old socket's leases at once, so their receipts are
+stale (ending them raises :class:`~gateway.errors.StaleReceipt`) and those
+messages come again (``deliveries`` counts it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.client.link import Link, backoff_delays, name_path, reopen, ws_url
+from gateway.errors import ConnectionClosed, StaleReceipt
+
+__all__ = ["Delivery", "Worker"]
+
+
+@dataclass
+class Delivery:
+    """One leased message. End the lease with exactly one of ack, nack or reject.
+
+    Attributes:
+        queue: the queue it came from.
+        id: the message id (stable across redeliveries).
+        receipt: this lease's receipt (new on each delivery).
+        body: the message body, any JSON value.
+        deliveries: how many times the message was delivered, this one included.
+        expires_in: seconds until the lease ends unless extended (as of delivery,
+            or of the last :meth:`extend`).
+    """
+
+    queue: str
+    id: str
+    receipt: str
+    body: Any
+    deliveries: int
+    expires_in: float
+    _link: Link = field(repr=False, compare=False, kw_only=True)
+
+    async def _request(self, frame: dict[str, Any]) -> dict[str, Any]:
+        if not self._link.is_open:
+            # The gateway released every lease of that socket when it closed:
+            # the answer is known without asking (and the new socket would
+            # only say stale_receipt too).
+            raise StaleReceipt(
+                f"the socket that leased message {self.id} closed; the gateway released it"
+            )
+        return await self._link.request(frame)
+
+    async def ack(self, enqueue: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """Delete the message, and enqueue follow-ups in the same transaction.
+
+        Args:
+            enqueue: messages ``{"body", "queue"?, "key"?, "delay"?}`` to enqueue
+                atomically with the ack (``queue`` defaults to this one).
+
+        Returns:
+            The follow-ups' ``{"id", "duplicate"}``, in order (empty without ``enqueue``).
+
+        Raises:
+            StaleReceipt: the lease had ended (expired, already ended, or its socket
+                closed); nothing was applied.
+            ProtocolError: a follow-up was invalid or forbidden; nothing was applied.
+            ConnectionClosed: the socket dropped before the reply; the ack may or
+                may not have been applied (if not, the message comes again).
+        """
+        frame: dict[str, Any] = {"op": "ack", "receipt": self.receipt}
+        if enqueue:
+            frame["enqueue"] = enqueue
+        reply = await self._request(frame)
+        return list(reply.get("enqueued", []))
+
+    async def nack(self, delay: float = 0.0) -> None:
+        """Release the message; it is visible again after ``delay`` seconds.
+
+        Args:
+            delay: seconds before the message is visible again (>= 0).
+
+        Raises:
+            StaleReceipt: the lease had ended.
+            Invalid: ``delay`` is out of range.
+            ConnectionClosed: the socket dropped before the reply.
+        """
+        await self._request({"op": "nack", "receipt": self.receipt, "delay": delay})
+
+    async def reject(self) -> None:
+        """Dead-letter the message now.
+
+        Raises:
+            StaleReceipt: the lease had ended.
+            ConnectionClosed: the socket dropped before the reply.
+        """
+        await self._request({"op": "reject", "receipt": self.receipt})
+
+    async def extend(self, timeout: float) -> float:
+        """Make the lease end ``timeout`` seconds from now.
+
+        Args:
+            timeout: the new lease length, in seconds from now.
+
+        Returns:
+            The lease's new ``expires_in`` (also stored on this delivery).
+
+        Raises:
+            StaleReceipt: the lease had ended.
+            Invalid: ``timeout`` is out of range.
+            ConnectionClosed: the socket dropped before the reply.
+        """
+        reply = await self._request({"op": "extend", "receipt": self.receipt, "timeout": timeout})
+        self.expires_in = float(reply["expires_in"])
+        return self.expires_in
+
+
+class Worker:
+    """Consumes one queue over a worker socket; iterate it for :class:`Delivery` objects.
+
+    Opening (``async with`` or :meth:`connect`) fails fast: a wrong URL or a
+    gateway that is down raises at once. Once connected, a dropped socket is
+    reopened with exponential backoff; a refusal a retry cannot cure (bad
+    token, forbidden queue, invalid parameters) raises instead.
+
+    Args:
+        url: the gateway, ``http://host:port`` or ``ws://host:port``.
+        queue: the queue name.
+        token: a token with ``consume`` on the queue (and ``enqueue`` for
+            :meth:`enqueue` and ack follow-ups).
+        prefetch: most unacked leases at once (1..1000).
+        visibility_timeout: lease length in seconds (None: the queue's).
+        reconnect: reopen the socket after it drops. Without it, a drop ends
+            iteration with :class:`~gateway.errors.ConnectionClosed`.
+        backoff_initial: first reconnect delay ceiling, doubling after each failure.
+        backoff_max: largest reconnect delay ceiling.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        queue: str,
+        *,
+        token: str,
+        prefetch: int = 10,
+        visibility_timeout: float | None = None,
+        # -- reconnecting
+        reconnect: bool = True,
+        backoff_initial: float = 0.1,
+        backoff_max: float = 5.0,
+    ) -> None:
+        self.url = ws_url(
+            url,
+            name_path("/ws/queues/", queue),
+            {"prefetch": prefetch, "visibility_timeout": visibility_timeout},
+        )
+        self.queue = queue
+        self._token = token
+        self._reconnect = reconnect
+        self._backoff = (backoff_initial, backoff_max)
+        self._link: Link | None = None
+        # One connection attempt at a time: the iterator and enqueue() may both
+        # find the socket dropped, and must share the one new socket.
+        self._connecting = asyncio.Lock()
+        # Set by close(); also cuts a reconnect's backoff sleep short.
+        self._closed = asyncio.Event()
+        # The backoff schedule in use; kept across reconnects while the gateway
+        # keeps dropping us quickly, so a flapping gateway sees growing delays.
+        self._delays: Iterator[float] | None = None
+        #: how many times the socket was reopened after a drop
+        self.reconnects = 0
+
+    async def __aenter__(self) -> Worker:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def connected(self) -> bool:
+        """True while the socket is open."""
+        return self._link is not None and self._link.is_open
+
+    async def connect(self) -> None:
+        """Open the socket now, without retrying (``async with`` calls it).
+
+        Raises:
+            Unauthorized: the gateway refused the token.
+            ConnectionClosed: the gateway is unreachable, or the worker is closed.
+        """
+        if self._closed.is_set():
+            raise ConnectionClosed("the worker is closed")
+        async with self._connecting:
+            if self._link is None or not self._link.is_open:
+                self._link = await Link.open(self.url, self._token)
+
+    async def close(self) -> None:
+        """Close the socket; the gateway releases its unacked leases at once."""
+        self._closed.set()
+        if self._link is not None:
+            await self._link.close()
+
+    async def _live_link(self) -> Link:
+        """The open socket: opened on first use, reopened with backoff after a drop.
+
+        Raises:
+            ConnectionClosed: closed, or dropped with ``reconnect=False``.
+            ProtocolError: the socket was closed with (or reopening met) a final refusal.
+        """
+        async with self._connecting:
+            if self._closed.is_set():
+                raise ConnectionClosed("the worker is closed")
+            link = self._link
+            if link is not None and link.is_open:
+                return link
+            if link is None:  # never connected: the first attempt has no delay
+                self._link = await Link.open(self.url, self._token)
+                return self._link
+            assert link.closed_with is not None
+            if not isinstance(link.closed_with, ConnectionClosed) or not self._reconnect:
+                raise link.closed_with  # a final refusal, or the caller wants no retry
+            if self._delays is None or self._was_healthy(link):
+                self._delays = backoff_delays(*self._backoff)
+            new = await reopen(
+                self.url, self._token, *self._backoff, delays=self._delays, stop=self._closed
+            )
+            if self._closed.is_set():  # close() ran while the handshake was under way
+                await new.close()
+                raise ConnectionClosed("the worker is closed")
+            self._link = new
+            self.reconnects += 1
+            return new
+
+    def _was_healthy(self, link: Link) -> bool:
+        # A socket that stayed up longer than the longest backoff was fine:
+        # the next outage starts its backoff afresh.
+        closed_at = link.closed_at if link.closed_at is not None else link.opened_at
+        return closed_at - link.opened_at >= self._backoff[1]
+
+    def __aiter__(self) -> AsyncIterator[Delivery]:
+        return self._deliveries()
+
+    async def _deliveries(self) -> AsyncIterator[Delivery]:
+        while not self._closed.is_set():
+            try:
+                link = await self._live_link()
+            except ConnectionClosed:
+                if self._closed.is_set():
+                    return
+                raise
+            try:
+                frame = await link.next()
+            except ConnectionClosed:
+                continue  # _live_link() decides: reopen, raise, or stop
+            if not link.is_open:
+                # Pushed before the drop but read after it: the gateway has
+                # already released that lease, so it will come again.
+                continue
+            op = frame.get("op")
+            if op == "deliver":
+                yield self._delivery(link, frame)
+            elif op == "deliveries":  # the batch extension (query parameter ``batch``)
+                for item in frame["items"]:
+                    yield self._delivery(link, {"queue": frame["queue"], **item})
+
+    def _delivery(self, link: Link, frame: dict[str, Any]) -> Delivery:
+        return Delivery(
+            queue=frame["queue"],
+            id=frame["id"],
+            receipt=frame["receipt"],
+            body=frame["body"],
+            deliveries=int(frame["deliveries"]),
+            expires_in=float(frame["expires_in"]),
+            _link=link,
+        )
+
+    async def enqueue(
+        self, body: Any, *, queue: str | None = None, key: str | None = None, delay: float = 0
+    ) -> dict[str, Any]:
+        """Enqueue a message on this worker's socket (reopening it if it dropped).
+
+        Args:
+            body: the message body, any JSON value.
+            queue: the target queue (default: this worker's).
+            key: idempotency key; a repeat within the queue's dedup window is a
+                no-op that returns the first message's id with ``duplicate`` true.
+            delay: seconds before the message is visible.
+
+        Returns:
+            ``{"id": ..., "duplicate": ...}`` once the message is stored.
+
+        Raises:
+            ProtocolError: refused (``forbidden``, ``invalid``, ``too_large``, ...).
+            ConnectionClosed: the socket dropped before the reply (retry with a key),
+                or the worker is closed.
+        """
+        frame: dict[str, Any] = {"op": "enqueue", "body": body, "delay": delay}
+        if queue is not None:
+            frame["queue"] = queue
+        if key is not None:
+            frame["key"] = key
+        reply = await (await self._live_link()).request(frame)
+        return {"id": reply["id"], "duplicate": reply["duplicate"]}

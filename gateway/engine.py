@@ -1,0 +1,196 @@
+"""The work-queue engine of one gateway process: the committer and the pumps.
+
+Consumers and HTTP views talk to the engine only. It submits operations to the
+group committer and, when a batch commits something that may make messages
+visible (an enqueue, a nack, a release), wakes those queues' pumps, so waiting
+workers are fed without polling. On PostgreSQL the same wake-ups reach the
+other gateway processes through ``NOTIFY`` (``gateway.notify``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sqlite3
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django.db import connections
+
+from gateway.committer import Callback, Committer
+from gateway.conf import gateway_settings
+from gateway.errors import ProtocolError
+from gateway.notify import start_listener
+from gateway.pump import QueuePump, WorkerSink
+from gateway.store import POSTGRESQL, SQLITE, Ack, Enqueue, Op, Result, Store
+
+__all__ = ["PROCESS_NAME", "Engine", "get_engine", "wake_from_thread"]
+
+
+COUNTERS = ("enqueued", "delivered", "redelivered", "acked", "dead_lettered")
+
+#: This process's name: host and pid (labels it in stats; signs its NOTIFYs).
+PROCESS_NAME = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _django_store() -> Store:
+    """A :class:`Store` on a connection of its own to Django's default database."""
+    conf = gateway_settings()
+    wrapper: Any = None
+
+    def connect() -> Any:
+        nonlocal wrapper
+        if wrapper is not None:
+            wrapper.close()
+        # A wrapper of our own, not the thread-local one: this connection
+        # belongs to the store thread alone, and Django's init (SQLite PRAGMAs,
+        # foreign keys) still runs.
+        wrapper = connections.create_connection("default")
+        wrapper.ensure_connection()
+        raw = wrapper.connection
+        if isinstance(raw, sqlite3.Connection):
+            raw.isolation_level = None  # we issue BEGIN IMMEDIATE / COMMIT ourselves
+        else:
+            raw.autocommit = True
+        return raw
+
+    vendor = connections["default"].vendor
+    dialect = SQLITE if vendor == "sqlite" else POSTGRESQL
+    if vendor not in ("sqlite", "postgresql"):
+        raise RuntimeError(f"Leasecast supports SQLite and PostgreSQL, not {vendor}")
+    return Store(
+        connect,
+        dialect,
+        clock=time.time,
+        defaults=conf.default_queue,
+        settings_ttl=conf.queue_settings_ttl,
+        announce_as=PROCESS_NAME,
+    )
+
+
+class Engine:
+    """One process's work-queue engine.
+
+    Args:
+        committer: runs store operations.
+    """
+
+    def __init__(self, committer: Committer) -> None:
+        self.committer = committer
+        self.pumps: dict[str, QueuePump] = {}
+        #: every open socket of this process (each has ``describe()``)
+        self.sockets: set[Any] = set()
+        #: per-queue running totals since the process started (the dashboard's rates)
+        self.counters: dict[str, dict[str, int]] = {}
+        self.started_at = time.time()
+        self.process = PROCESS_NAME
+        self.listener: Any = None
+
+    def describe(self) -> dict[str, Any]:
+        """This process's figures for ``/api/stats``."""
+        return {
+            "name": self.process,
+            "started_at": self.started_at,
+            "store_batches": self.committer.batches,
+            "store_ops": self.committer.ops,
+            "store_backlog": self.committer.backlog,
+            "store_refused": self.committer.refused,
+        }
+
+    # -- operations
+
+    def submit(self, op: Op, callback: Callback) -> None:
+        """Submit ``op``; ``callback`` gets its result on the loop after the commit."""
+        if isinstance(op, Enqueue | Ack):
+            self.committer.submit(op, lambda result: self._counted(op, result, callback))
+        else:
+            self.committer.submit(op, callback)
+
+    def _counted(self, op: Enqueue | Ack, result: Result, callback: Callback) -> None:
+        if not isinstance(result, ProtocolError):
+            if isinstance(op, Enqueue):
+                self.count(op.queue, "enqueued", sum(1 for r in result if not r.duplicate))
+            else:
+                for queue, _ in op.follow_ups:
+                    self.count(queue, "enqueued")
+        callback(result)
+
+    def count(self, queue: str, what: str, n: int = 1) -> None:
+        """Add to a queue's counters (enqueued, delivered, redelivered, acked, dead_lettered)."""
+        counters = self.counters.get(queue)
+        if counters is None:
+            counters = self.counters[queue] = dict.fromkeys(COUNTERS, 0)
+        counters[what] += n
+
+    async def call(self, op: Op) -> Any:
+        """Submit ``op`` and wait for its result (raises its ProtocolError)."""
+        return await self.committer.call(op)
+
+    # -- pumps
+
+    def pump(self, queue: str) -> QueuePump:
+        """The pump of ``queue``, made on first use."""
+        pump = self.pumps.get(queue)
+        if pump is None:
+            pump = self.pumps[queue] = QueuePump(queue, self.committer.submit, self.count)
+        return pump
+
+    def attach(self, queue: str, sink: WorkerSink) -> QueuePump:
+        """Feed ``sink`` from ``queue``."""
+        pump = self.pump(queue)
+        pump.attach(sink)
+        return pump
+
+    def detach(self, queue: str, sink: WorkerSink) -> None:
+        """Stop feeding ``sink``."""
+        pump = self.pumps.get(queue)
+        if pump is not None:
+            pump.detach(sink)
+
+    def wake(self, queue: str) -> None:
+        """Messages of ``queue`` may have become visible."""
+        pump = self.pumps.get(queue)
+        if pump is not None:
+            pump.wake()
+
+    def wake_all(self, queues: Iterable[str] | None = None) -> None:
+        """Wake the pumps of ``queues`` (None: every pump, after missed notifications)."""
+        for queue in self.pumps if queues is None else queues:
+            self.wake(queue)
+
+
+_engines: dict[asyncio.AbstractEventLoop, Engine] = {}
+
+
+def wake_from_thread(queues: Iterable[str]) -> None:
+    """Wake the pumps of ``queues`` from a synchronous thread (an admin action).
+
+    The change was committed through another connection, so this process's
+    pumps would not notice it; other gateway processes hear of it through
+    the NOTIFY the action sends on PostgreSQL.
+    """
+    names = list(queues)
+    for loop, engine in list(_engines.items()):
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(engine.wake_all, names)
+
+
+def get_engine(make_store: Callable[[], Store] = _django_store) -> Engine:
+    """The engine of the running event loop (one per gateway process)."""
+    loop = asyncio.get_running_loop()
+    engine = _engines.get(loop)
+    if engine is None:
+        holder: list[Engine] = []
+        committer = Committer(
+            make_store,
+            batch_max_ops=gateway_settings().batch_max_ops,
+            max_backlog=gateway_settings().max_backlog,
+            on_wake=lambda queues: holder[0].wake_all(queues),
+        )
+        engine = _engines[loop] = Engine(committer)
+        holder.append(engine)
+        if connections["default"].vendor == "postgresql":
+            engine.listener = start_listener(engine.wake_all, PROCESS_NAME, loop)
+    return engine

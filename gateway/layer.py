@@ -1,0 +1,99 @@
+"""One channel-layer channel per gateway process, with one receive loop.
+
+The fan-out relay and the dashboard exchange both talk to other processes.
+They share this process channel: ``channels_redis`` hands messages for several
+process-local channels through one shared receive, and a second concurrent
+receive loop in one process was seen to starve. Handlers are registered by
+message type prefix (``fanout.``, ``dashboard.``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from channels.layers import InMemoryChannelLayer, get_channel_layer
+from redis.exceptions import TimeoutError as RedisTimeout
+
+__all__ = ["ProcessChannel", "get_process_channel"]
+
+log = logging.getLogger("leasecast.layer")
+
+Handler = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class ProcessChannel:
+    """This process's channel on a cross-process layer.
+
+    Args:
+        layer: the Channels layer (``channels_redis``).
+    """
+
+    def __init__(self, layer: Any) -> None:
+        self.layer = layer
+        self.name: str | None = None
+        self.ready = asyncio.Event()
+        self._handlers: dict[str, Handler] = {}
+        self._groups: set[str] = set()
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def on(self, prefix: str, handler: Handler) -> None:
+        """Call ``handler`` for messages whose type starts with ``prefix``."""
+        self._handlers[prefix] = handler
+
+    async def join(self, group: str) -> None:
+        """Add this channel to ``group`` (again after a Redis restart)."""
+        await self.ready.wait()
+        self._groups.add(group)
+        await self.layer.group_add(group, self.name)
+
+    async def leave(self, group: str) -> None:
+        """Remove this channel from ``group``."""
+        await self.ready.wait()
+        self._groups.discard(group)
+        await self.layer.group_discard(group, self.name)
+
+    async def _run(self) -> None:
+        self.name = await self.layer.new_channel("leasecast.process.")
+        self.ready.set()
+        backoff = 0.1
+        while True:
+            try:
+                message = await self.layer.receive(self.name)
+                backoff = 0.1
+            except asyncio.CancelledError:
+                raise
+            except RedisTimeout:
+                continue  # an idle blocking read timed out: nothing was lost
+            except Exception as exc:  # Redis restarting: keep trying
+                log.warning("process channel receive failed (%s); retrying", exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                for group in list(self._groups):  # a restarted Redis forgot them
+                    try:
+                        await self.layer.group_add(group, self.name)
+                    except Exception as again:
+                        log.warning("rejoining %s failed: %s", group, again)
+                continue
+            for prefix, handler in self._handlers.items():
+                if message["type"].startswith(prefix):
+                    try:
+                        await handler(message)
+                    except Exception:
+                        log.exception("handling %s failed", message["type"])
+                    break
+
+
+_channels: dict[asyncio.AbstractEventLoop, ProcessChannel | None] = {}
+
+
+def get_process_channel() -> ProcessChannel | None:
+    """This process's channel, or None with a single-process (in-memory) layer."""
+    loop = asyncio.get_running_loop()
+    if loop not in _channels:
+        layer = get_channel_layer()
+        cross = layer is not None and not isinstance(layer, InMemoryChannelLayer)
+        _channels[loop] = ProcessChannel(layer) if cross else None
+    return _channels[loop]

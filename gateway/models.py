@@ -1,0 +1,173 @@
+"""Durable state: queues, messages, idempotency keys and tokens.
+
+The hot path (``gateway.store``) reads and writes these tables with raw SQL,
+in batches, on its own thread; the ORM serves the admin, the management
+commands and the tests. Times are Unix seconds in float columns, so the same
+SQL compares them on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+from typing import Any
+
+from django.db import models
+
+from gateway.leases import MessageState, StoredState, observed_state
+
+
+def _now() -> float:
+    return time.time()
+
+
+class Queue(models.Model):
+    """A work queue and its settings (protocol: Work queue, defaults)."""
+
+    name = models.CharField(max_length=200, unique=True)
+    visibility_timeout = models.FloatField(
+        default=30.0, help_text="Seconds a lease lasts unless the worker asks otherwise."
+    )
+    max_deliveries = models.PositiveIntegerField(
+        default=10, help_text="Deliveries before a message is dead-lettered; 0 is unlimited."
+    )
+    dedup_window = models.FloatField(
+        default=300.0, help_text="Seconds an idempotency key is remembered, acked or not."
+    )
+    created_at = models.FloatField(default=_now)
+
+    class Meta:
+        db_table = "leasecast_queue"
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Message(models.Model):
+    """One message of a work queue. Acked messages are deleted.
+
+    ``state`` and ``visible_at`` together give the protocol state; see the
+    table in ``gateway.leases``.
+    """
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, db_index=False)
+    body = models.TextField(help_text="The body as canonical JSON text.")
+    key = models.CharField(max_length=512, null=True, blank=True)
+    state = models.SmallIntegerField(
+        choices=[(s.value, s.name.lower()) for s in StoredState], default=StoredState.READY
+    )
+    visible_at = models.FloatField()
+    deliveries = models.PositiveIntegerField(default=0)
+    lease_token = models.BigIntegerField(null=True, blank=True)
+    enqueued_at = models.FloatField(default=_now)
+
+    class Meta:
+        db_table = "leasecast_message"
+        indexes = [
+            # Ready messages in enqueue order: the head of the queue.
+            models.Index(
+                fields=["queue", "id"],
+                name="lc_msg_ready",
+                condition=models.Q(state=StoredState.READY),
+            ),
+            # Leased and delayed messages by the time they come due.
+            models.Index(
+                fields=["queue", "visible_at"],
+                name="lc_msg_timed",
+                condition=models.Q(state__in=[StoredState.LEASED, StoredState.DELAYED]),
+            ),
+            models.Index(
+                fields=["queue", "id"],
+                name="lc_msg_dead",
+                condition=models.Q(state=StoredState.DEAD),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue_id}/{self.pk}"
+
+    @property
+    def protocol_state(self) -> MessageState:
+        """The state the protocol names, as of now."""
+        return observed_state(StoredState(self.state), self.visible_at, time.time())
+
+
+class DedupKey(models.Model):
+    """An idempotency key seen on a queue, kept for the queue's dedup window."""
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, db_index=False)
+    key = models.CharField(max_length=512)
+    msg_id = models.BigIntegerField()
+    expires_at = models.FloatField()
+
+    class Meta:
+        db_table = "leasecast_dedup"
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "key"], name="lc_dedup_queue_key"),
+        ]
+        indexes = [models.Index(fields=["expires_at"], name="lc_dedup_expiry")]
+
+
+def hash_token(token: str) -> str:
+    """The stored form of a token: its SHA-256 (tokens are random, so no salt is needed)."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Token(models.Model):
+    """An API token. Only its hash is stored (protocol: Authentication)."""
+
+    name = models.CharField(max_length=200)
+    token_hash = models.CharField(max_length=64, unique=True, editable=False)
+    scopes = models.JSONField(default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "leasecast_token"
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @classmethod
+    def issue(cls, name: str, scopes: list[str], **extra: Any) -> tuple[Token, str]:
+        """Create a token; returns the row and the secret, which is shown only once."""
+        secret = "lc_" + secrets.token_urlsafe(32)
+        token = cls.objects.create(name=name, token_hash=hash_token(secret), scopes=scopes, **extra)
+        return token, secret
+
+
+class StagedMessage(models.Model):
+    """A message staged under a transaction (the Spark sink): invisible until committed."""
+
+    txn = models.CharField(max_length=200)
+    partition = models.IntegerField()
+    position = models.IntegerField()
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, db_index=False)
+    body = models.TextField()
+    key = models.CharField(max_length=512, null=True, blank=True)
+    delay = models.FloatField(default=0.0)
+    staged_at = models.FloatField(default=_now)
+
+    class Meta:
+        db_table = "leasecast_staged"
+        indexes = [
+            models.Index(fields=["txn", "partition", "position"], name="lc_staged_txn"),
+            models.Index(fields=["staged_at"], name="lc_staged_age"),
+        ]
+
+
+class Transaction(models.Model):
+    """A committed or aborted staging transaction, remembered so a replay changes nothing."""
+
+    name = models.CharField(max_length=200, unique=True)
+    state = models.CharField(
+        max_length=10, choices=[("committed", "committed"), ("aborted", "aborted")]
+    )
+    messages = models.IntegerField(default=0)
+    finished_at = models.FloatField(default=_now)
+
+    class Meta:
+        db_table = "leasecast_transaction"

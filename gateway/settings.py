@@ -1,0 +1,176 @@
+"""Django settings for Leasecast, read from the environment.
+
+With nothing set, Leasecast runs on the embedded default: SQLite under ``var/``
+and the in-memory channel layer (DESIGN decision 10). ``DATABASE_URL`` selects
+PostgreSQL, ``REDIS_URL`` selects ``channels_redis``; ``GATEWAY_*`` variables
+set the knobs that ``gateway.conf`` reads (see docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+import django_stubs_ext
+
+# Lets type hints such as ModelAdmin[Queue] run, not only type-check.
+django_stubs_ext.monkeypatch()
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("GATEWAY_VAR_DIR", BASE_DIR / "var"))
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _secret_key() -> str:
+    """``SECRET_KEY`` from the environment, else one made once and kept in var/."""
+    key = os.environ.get("SECRET_KEY") or os.environ.get("DJANGO_SECRET_KEY")
+    if key:
+        return key
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = _env_bool("GATEWAY_DEBUG", False)
+ALLOWED_HOSTS = os.environ.get("GATEWAY_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "gateway",
+    "dashboard",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "gateway.urls"
+ASGI_APPLICATION = "gateway.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# -- storage (DESIGN decisions 1-3) -------------------------------------------
+
+if os.environ.get("DATABASE_URL"):
+    DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"], conn_max_age=0)}
+else:
+    _sqlite_path = Path(os.environ.get("GATEWAY_SQLITE_PATH", VAR_DIR / "leasecast.sqlite3"))
+    _sqlite_path.parent.mkdir(parents=True, exist_ok=True)
+    _synchronous = os.environ.get("GATEWAY_SQLITE_SYNCHRONOUS", "NORMAL")
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": str(_sqlite_path),
+            "OPTIONS": {
+                # WAL: readers never block the writer. synchronous=NORMAL in WAL
+                # mode survives a crash of the process (kill -9); FULL also
+                # survives a power cut, at a cost (docs/operations.md).
+                # A 64 MiB page cache (the default is 2 MiB) keeps a queue with a
+                # large backlog in memory.
+                "init_command": (
+                    f"PRAGMA journal_mode=WAL; PRAGMA synchronous={_synchronous}; "
+                    "PRAGMA cache_size=-65536;"
+                ),
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 30,
+            },
+        }
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# -- channel layer (DESIGN decision 7) ------------------------------------------
+
+if os.environ.get("REDIS_URL"):
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # Room for bursts between processes; what overflows is detected
+            # as a gap and handled (gateway.relay).
+            "CONFIG": {
+                "hosts": [os.environ["REDIS_URL"]],
+                "capacity": int(os.environ.get("GATEWAY_REDIS_CAPACITY", 10_000)),
+                "expiry": 30,
+                "prefix": os.environ.get("GATEWAY_REDIS_PREFIX", "leasecast"),
+            },
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# -- web --------------------------------------------------------------------
+
+AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = []
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+LOGIN_URL = "/admin/login/"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "leasecast": {"handlers": ["console"], "level": os.environ.get("GATEWAY_LOG_LEVEL", "INFO")}
+    },
+}
+
+# -- gateway knobs (read through gateway.conf.GatewaySettings) -----------------
+
+GATEWAY_MAX_BODY_BYTES = int(os.environ.get("GATEWAY_MAX_BODY_BYTES", 256 * 1024))
+GATEWAY_MAX_FRAME_BYTES = int(os.environ.get("GATEWAY_MAX_FRAME_BYTES", 8 * 1024 * 1024))
+# Django refuses larger request bodies with 400 before the API sees them.
+DATA_UPLOAD_MAX_MEMORY_SIZE = GATEWAY_MAX_FRAME_BYTES
+GATEWAY_BATCH_MAX_OPS = int(os.environ.get("GATEWAY_BATCH_MAX_OPS", 4000))
+GATEWAY_MAX_BACKLOG = int(os.environ.get("GATEWAY_MAX_BACKLOG", 100_000))
+GATEWAY_QUEUE_SETTINGS_TTL = float(os.environ.get("GATEWAY_QUEUE_SETTINGS_TTL", 2.0))
+GATEWAY_TOKEN_CACHE_TTL = float(os.environ.get("GATEWAY_TOKEN_CACHE_TTL", 5.0))
+GATEWAY_DEFAULT_VISIBILITY_TIMEOUT = float(
+    os.environ.get("GATEWAY_DEFAULT_VISIBILITY_TIMEOUT", 30.0)
+)
+GATEWAY_DEFAULT_MAX_DELIVERIES = int(os.environ.get("GATEWAY_DEFAULT_MAX_DELIVERIES", 10))
+GATEWAY_DEFAULT_DEDUP_WINDOW = float(os.environ.get("GATEWAY_DEFAULT_DEDUP_WINDOW", 300.0))
+GATEWAY_SERVE_STATIC = _env_bool("GATEWAY_SERVE_STATIC", True)
+GATEWAY_BLOCK_WAIT = float(os.environ.get("GATEWAY_BLOCK_WAIT", 10.0))

@@ -1,0 +1,221 @@
+"""A PySpark streaming sink into Leasecast, with exactly-once effect into queues.
+
+.. code-block:: python
+
+    from spark_feed.sink import LeasecastDataSource
+
+    spark.dataSource.register(LeasecastDataSource)
+    (df.writeStream.format("leasecast")
+        .option("url", "http://127.0.0.1:8000").option("token", TOKEN)
+        .option("queue", "events")            # or .option("topic", "prices")
+        .option("checkpointLocation", "/tmp/ckpt")
+        .start())
+
+Each micro-batch is a gateway transaction named from the streaming query id
+(stable across restarts from the same checkpoint) and the batch id. ``write()``
+runs on the executors and stages its partition (replacing what a failed
+attempt of the same task staged); ``commit()`` makes the whole batch visible
+at once, and committing a batch again after a restart changes nothing
+(docs/protocol.md, Staged enqueue). A refusal or an unreachable gateway
+raises, the batch fails, and Spark retries it.
+
+Each write task keeps one HTTP connection to the gateway for all its requests.
+
+Options: ``url``, ``token``, ``queue`` or ``topic``; ``bodyColumn`` (default:
+the whole row as a JSON object), ``keyColumn`` (idempotency key),
+``delayColumn`` (seconds), ``batchSize`` (messages per request, default 1000),
+``timeout`` (seconds per request, default 30).
+
+Topics are not transactional: with ``topic`` each row is published from the
+executor as it is written, so a replayed batch publishes again (at least once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
+__all__ = ["LeasecastDataSource", "LeasecastStreamWriter", "SinkError"]
+
+#: Partition numbers are spaced so one Spark partition can span many requests.
+CHUNKS_PER_PARTITION = 1_000_000
+
+
+class SinkError(RuntimeError):
+    """The gateway refused a request, or could not be reached: the batch fails."""
+
+
+@dataclass
+class StagedPartition(WriterCommitMessage):
+    """What one write task staged."""
+
+    txn: str
+    partition: int
+    rows: int
+
+
+class _Gateway:
+    """HTTP to the gateway over one kept-alive connection (reopened after a failure)."""
+
+    def __init__(self, base: str, token: str, timeout: float) -> None:
+        parts = urllib.parse.urlsplit(base)
+        self.https = parts.scheme == "https"
+        self.netloc = parts.netloc
+        self.prefix = parts.path.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+        self._conn: http.client.HTTPConnection | None = None
+
+    def request(self, method: str, path: str, body: Any) -> Any:
+        """Send one JSON request; the decoded reply, or :class:`SinkError`."""
+        if self._conn is None:
+            cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+            self._conn = cls(self.netloc, timeout=self.timeout)
+        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
+        try:
+            self._conn.request(method, self.prefix + path, json.dumps(body), headers)
+            response = self._conn.getresponse()
+            data = response.read()
+        except (OSError, http.client.HTTPException) as err:
+            self.close()
+            raise SinkError(f"{method} {path}: {err}") from err
+        if response.status != 200:
+            raise SinkError(f"{method} {path}: HTTP {response.status} {data[:300]!r}")
+        return json.loads(data)
+
+    def close(self) -> None:
+        """Drop the connection."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class LeasecastStreamWriter(DataSourceStreamWriter):
+    """Stages each partition under the batch's transaction; commits the batch."""
+
+    def __init__(self, schema: StructType, options: dict[str, str]) -> None:
+        self.url = options.get("url", "http://127.0.0.1:8000").rstrip("/")
+        token = options.get("token")
+        if not token:
+            raise SinkError("option 'token' is required")
+        self.token = token
+        self.queue = options.get("queue")
+        self.topic = options.get("topic")
+        if (self.queue is None) == (self.topic is None):
+            raise SinkError("give exactly one of the options 'queue' and 'topic'")
+        self.body_column = options.get("bodyColumn")
+        self.key_column = options.get("keyColumn")
+        self.delay_column = options.get("delayColumn")
+        self.batch_size = int(options.get("batchSize", "1000"))
+        self.timeout = float(options.get("timeout", "30"))
+        names = set(schema.fieldNames())
+        for option, column in (
+            ("bodyColumn", self.body_column),
+            ("keyColumn", self.key_column),
+            ("delayColumn", self.delay_column),
+        ):
+            if column is not None and column not in names:
+                raise SinkError(f"option {option}: no column {column!r} in {sorted(names)}")
+
+    def _message(self, row: Any) -> dict[str, Any]:
+        record = row.asDict(recursive=True)
+        body = record[self.body_column] if self.body_column else record
+        message: dict[str, Any] = {"body": _jsonable(body)}
+        if self.key_column and record.get(self.key_column) is not None:
+            message["key"] = str(record[self.key_column])
+        if self.delay_column and record.get(self.delay_column) is not None:
+            message["delay"] = float(record[self.delay_column])
+        return message
+
+    def write(self, iterator: Iterator[Any]) -> StagedPartition:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        assert context is not None
+        query = context.getLocalProperty("sql.streaming.queryId") or "query"
+        batch = context.getLocalProperty("streaming.sql.batchId") or "0"
+        txn = f"{query}-{batch}"
+        partition = context.partitionId()
+        rows = 0
+        chunk: list[dict[str, Any]] = []
+        chunk_no = 0
+        gateway = _Gateway(self.url, self.token, self.timeout)  # one connection per task
+
+        def flush() -> None:
+            nonlocal chunk, chunk_no
+            if self.topic is not None:
+                gateway.request("POST", f"/api/topics/{self.topic}/messages", {"messages": chunk})
+            else:
+                # A retried task restages the same chunks, replacing them.
+                number = partition * CHUNKS_PER_PARTITION + chunk_no
+                gateway.request(
+                    "PUT",
+                    f"/api/transactions/{txn}/partitions/{number}",
+                    {"queue": self.queue, "messages": chunk},
+                )
+            chunk, chunk_no = [], chunk_no + 1
+
+        try:
+            for row in iterator:
+                chunk.append(self._message(row))
+                rows += 1
+                if len(chunk) >= self.batch_size:
+                    flush()
+            if chunk:
+                flush()
+        finally:
+            gateway.close()
+        return StagedPartition(txn, partition, rows)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        if self.topic is not None:
+            return
+        gateway = _Gateway(self.url, self.token, self.timeout)
+        try:
+            for txn in {m.txn for m in messages if isinstance(m, StagedPartition)}:
+                gateway.request("POST", f"/api/transactions/{txn}/commit", {})
+        finally:
+            gateway.close()
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        if self.topic is not None:
+            return
+        gateway = _Gateway(self.url, self.token, self.timeout)
+        for txn in {m.txn for m in messages if isinstance(m, StagedPartition)}:
+            # If this fails too, staging left behind expires on its own (24 h).
+            with contextlib.suppress(SinkError):
+                gateway.request("POST", f"/api/transactions/{txn}/abort", {})
+        gateway.close()
+
+
+def _jsonable(value: Any) -> Any:
+    """Spark values (dates, decimals, rows) as JSON values."""
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+class LeasecastDataSource(DataSource):
+    """``format("leasecast")``: a streaming sink into a Leasecast queue or topic."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "leasecast"
+
+    def schema(self) -> str:
+        return "value string"
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return LeasecastStreamWriter(schema, dict(self.options))

@@ -1,0 +1,63 @@
+"""Gateway processes per backend: SQLite always, PostgreSQL when it answers."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.databases import postgres_database, postgres_unavailable, sqlite_database
+from tests.integration.harness import GatewayProcess
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def database_env(request: pytest.FixtureRequest) -> Iterator[tuple[dict[str, str], Path]]:
+    """A migrated database of each kind, and the var/ directory of its gateway."""
+    var = Path(tempfile.mkdtemp(prefix=f"leasecast-{request.param}-"))
+    if request.param == "sqlite":
+        with sqlite_database(var) as env:
+            yield env, var
+    else:
+        reason = postgres_unavailable()
+        if reason:
+            pytest.skip(reason)
+        with postgres_database(var) as env:
+            yield env, var
+
+
+@pytest.fixture(scope="module")
+def gateway(database_env: tuple[dict[str, str], Path]) -> Iterator[GatewayProcess]:
+    """A running gateway shared by a test module (tests use their own queue names)."""
+    env, var = database_env
+    process = GatewayProcess(env, var)
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def own_gateway(database_env: tuple[dict[str, str], Path]) -> Iterator[GatewayProcess]:
+    """A gateway of the test's own, for tests that kill or restart it."""
+    env, var = database_env
+    process = GatewayProcess(env, var, name="own")
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def admin_token(gateway: GatewayProcess) -> str:
+    return gateway.issue_token("admin", name="admin")
+
+
+@pytest.fixture(scope="module")
+def postgres_env() -> Iterator[tuple[dict[str, str], Path]]:
+    """A migrated PostgreSQL database only (for what SQLite cannot do)."""
+    reason = postgres_unavailable()
+    if reason:
+        pytest.skip(reason)
+    var = Path(tempfile.mkdtemp(prefix="leasecast-pg-"))
+    with postgres_database(var) as env:
+        yield env, var

@@ -1,0 +1,259 @@
+"""Real gateway processes and real WebSocket clients for the integration tests."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection, connect
+
+from tests.databases import ROOT, manage
+
+_refs = itertools.count(1)
+# daphne as `make run` starts it (gateway/serve.py).
+DAPHNE = (sys.executable, "-m", "gateway.serve")
+UVICORN = (
+    sys.executable,
+    "-m",
+    "uvicorn",
+    "gateway.asgi:application",
+    "--host",
+    "127.0.0.1",
+    "--ws",
+    "websockets",
+    "--lifespan",
+    "off",
+    "--log-level",
+    "warning",
+    "--ws-max-size",
+    str(8 * 1024 * 1024),
+)
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class GatewayProcess:
+    """One daphne process serving ``gateway.asgi`` on a free loopback port."""
+
+    def __init__(
+        self, env: dict[str, str], var_dir: Path, name: str = "gw", server: str = "daphne"
+    ) -> None:
+        self.server = server
+        self.env = dict(env)
+        self.var_dir = var_dir
+        self.name = name
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = var_dir / f"{name}-{self.port}.log"
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start daphne and wait until ``/healthz`` answers."""
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child process owns it
+        self.proc = subprocess.Popen(
+            self.command(),
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited: {self.log_path.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.http}/healthz", timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, OSError):
+                time.sleep(0.1)
+        raise RuntimeError(f"gateway did not become healthy: {self.log_path.read_text()[-3000:]}")
+
+    def command(self) -> list[str]:
+        """The server's command line."""
+        if self.server == "uvicorn":
+            return [
+                *UVICORN,
+                "--port",
+                str(self.port),
+                "--ws-ping-interval",
+                self.env.get("GATEWAY_PING_INTERVAL", "20"),
+                "--ws-ping-timeout",
+                self.env.get("GATEWAY_PING_TIMEOUT", "30"),
+            ]
+        return [*DAPHNE, "-b", "127.0.0.1", "-p", str(self.port), "gateway.asgi:application"]
+
+    def kill(self) -> None:
+        """``kill -9``: no shutdown of any kind."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        """A polite stop, then a hard one."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def manage(self, *args: str) -> str:
+        """``manage.py`` against this gateway's database."""
+        return manage(self.env, *args)
+
+    def issue_token(self, *scopes: str, name: str = "test") -> str:
+        """A token with ``scopes`` (the last line of ``issue_token``'s output)."""
+        args = [arg for scope in scopes for arg in ("--scope", scope)]
+        return self.manage("issue_token", name, *args).strip().splitlines()[-1]
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def http(
+    method: str, url: str, token: str | None = None, body: Any = None, raw: bytes | None = None
+) -> tuple[int, Any]:
+    """One HTTP request; returns (status, decoded JSON body)."""
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    request = urllib.request.Request(url, data=data, method=method)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as err:
+        text = err.read()
+        try:
+            return err.code, json.loads(text)
+        except ValueError:
+            return err.code, text.decode(errors="replace")
+
+
+async def ahttp(method: str, url: str, token: str | None = None, body: Any = None) -> Any:
+    """:func:`http` off the event loop."""
+    return await asyncio.to_thread(http, method, url, token, body)
+
+
+class Socket:
+    """A WebSocket client that routes replies by ``ref`` and queues everything else."""
+
+    def __init__(self, conn: ClientConnection) -> None:
+        self.conn = conn
+        self.waiting: dict[Any, asyncio.Future[dict[str, Any]]] = {}
+        self.frames: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.reader = asyncio.create_task(self._read())
+
+    @classmethod
+    async def open(cls, url: str, token: str | None = None, **kwargs: Any) -> Socket:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        conn = await connect(url, additional_headers=headers, max_size=None, **kwargs)
+        return cls(conn)
+
+    async def _read(self) -> None:
+        try:
+            async for text in self.conn:
+                frame = json.loads(text)
+                future = self.waiting.pop(frame.get("ref"), None)
+                if future is not None and not future.done():
+                    future.set_result(frame)
+                else:
+                    self.frames.put_nowait(frame)
+        except Exception:
+            pass
+        finally:
+            for future in self.waiting.values():
+                if not future.done():
+                    future.set_exception(ConnectionError("socket closed"))
+            self.frames.put_nowait(_CLOSED)
+
+    async def send(self, frame: dict[str, Any] | str) -> None:
+        await self.conn.send(frame if isinstance(frame, str) else json.dumps(frame))
+
+    async def request(self, frame: dict[str, Any], timeout: float = 10) -> dict[str, Any]:
+        """Send with a fresh ``ref``; return the reply carrying that ref."""
+        ref = f"r{next(_refs)}"
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.waiting[ref] = future
+        await self.send({**frame, "ref": ref})
+        reply = await asyncio.wait_for(future, timeout)
+        assert reply.get("ref") == ref
+        return reply
+
+    async def next(self, timeout: float = 10) -> dict[str, Any]:
+        """The next frame that was not a reply to :meth:`request`.
+
+        Raises:
+            ConnectionError: the socket closed.
+        """
+        frame = await asyncio.wait_for(self.frames.get(), timeout)
+        if frame is _CLOSED:
+            self.frames.put_nowait(_CLOSED)  # every later call fails the same way
+            raise ConnectionError(f"socket closed ({self.conn.close_code})")
+        return frame
+
+    async def deliveries(self, n: int, timeout: float = 10) -> list[dict[str, Any]]:
+        """The next ``n`` frames, each of which must be a ``deliver``."""
+        got = [await self.next(timeout) for _ in range(n)]
+        assert all(f["op"] == "deliver" for f in got), got
+        return got
+
+    async def quiet(self, seconds: float = 0.3) -> None:
+        """Assert that no unsolicited frame arrives for ``seconds``."""
+        try:
+            frame = await asyncio.wait_for(self.frames.get(), seconds)
+        except TimeoutError:
+            return
+        if frame is _CLOSED:
+            raise ConnectionError("socket closed")
+        raise AssertionError(f"unexpected frame {frame}")
+
+    async def close(self) -> None:
+        await self.conn.close()
+        self.reader.cancel()
+
+    async def abort(self) -> None:
+        """Drop the TCP connection without a closing handshake (a crashed client)."""
+        transport = self.conn.transport
+        transport.abort()
+        self.reader.cancel()
+
+    async def __aenter__(self) -> Socket:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+_names = itertools.count()
+_CLOSED: dict[str, Any] = {"op": "<closed>"}
+
+
+def unique(prefix: str = "q") -> str:
+    """A queue name no other test uses."""
+    return f"{prefix}{os.getpid()}-{next(_names)}"

@@ -1,0 +1,198 @@
+"""Bad input gets the protocol's error, changes nothing, and leaves the socket usable."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from tests.integration.harness import GatewayProcess, Socket, ahttp, http, unique
+
+BAD_FRAMES = [
+    ("not json at all", "bad_frame"),
+    ("[1, 2, 3]", "bad_frame"),
+    ('{"no_op": 1}', "bad_frame"),
+    ('{"op": "fly"}', "unknown_op"),
+    ('{"op": "enqueue", "queue": "q"}', "bad_frame"),
+    ('{"op": "enqueue", "queue": "q", "body": 1, "delay": -1}', "invalid"),
+    ('{"op": "enqueue", "queue": "no spaces", "body": 1}', "invalid"),
+    ('{"op": "enqueue", "queue": "q", "body": 1, "delay": "1"}', "bad_frame"),
+    ('{"op": "enqueue", "queue": "q", "body": 1, "key": 9}', "bad_frame"),
+    ('{"op": "enqueue", "queue": "q", "body": 123456789012345678901234567890}', "invalid"),
+]
+
+WORKER_ONLY = [
+    ('{"op": "ack"}', "bad_frame"),
+    ('{"op": "ack", "receipt": "1.ff"}', "stale_receipt"),
+    ('{"op": "nack", "receipt": "garbage"}', "stale_receipt"),
+    ('{"op": "nack", "receipt": "1.ff", "delay": -5}', "invalid"),
+    ('{"op": "extend", "receipt": "1.ff", "timeout": -1}', "invalid"),
+    ('{"op": "reject", "receipt": ["x"]}', "bad_frame"),
+]
+
+
+@pytest.mark.parametrize("path", ["/ws/produce/", "/ws/queues/QUEUE/"])
+async def test_every_bad_frame_gets_its_error_and_the_socket_stays_usable(
+    gateway: GatewayProcess, admin_token: str, path: str
+) -> None:
+    q = unique()
+    frames = BAD_FRAMES + (WORKER_ONLY if "queues" in path else [])
+    async with await Socket.open(gateway.ws + path.replace("QUEUE", q), admin_token) as s:
+        for text, code in frames:
+            await s.send(text.replace('"q"', f'"{q}"'))
+            reply = await s.next()
+            assert reply["op"] == "error" and reply["code"] == code, (text, reply)
+            assert reply["detail"]
+        # A ref is echoed on errors too.
+        reply = await s.request({"op": "enqueue", "queue": q, "body": 1, "delay": -1})
+        assert reply["code"] == "invalid"
+        await s.conn.send(b"\x00\x01binary")
+        assert (await s.next())["code"] == "bad_frame"
+        # Nothing was enqueued by any of it, and the socket still works.
+        status, _ = await ahttp("GET", f"{gateway.http}/api/queues/{q}-never", admin_token)
+        assert status == 404
+        ok = await s.request({"op": "enqueue", "queue": q, "body": "fine"})
+        assert ok["op"] == "enqueued"
+    status, body = await ahttp("GET", f"{gateway.http}/api/queues/{q}", admin_token)
+    assert body["visible"] == 1, body
+
+
+async def test_body_over_the_limit_is_too_large(gateway: GatewayProcess, admin_token: str) -> None:
+    q = unique()
+    async with await Socket.open(f"{gateway.ws}/ws/produce/", admin_token) as s:
+        reply = await s.request({"op": "enqueue", "queue": q, "body": "x" * (256 * 1024 + 1)})
+        assert reply["code"] == "too_large"
+        assert (await s.request({"op": "enqueue", "queue": q, "body": "x" * 1000}))["op"] == (
+            "enqueued"
+        )
+
+
+async def test_frame_over_the_transport_limit_closes_1009(
+    gateway: GatewayProcess, admin_token: str
+) -> None:
+    s = await Socket.open(f"{gateway.ws}/ws/produce/", admin_token)
+    frame = json.dumps({"op": "enqueue", "queue": "q", "body": "y" * (9 * 1024 * 1024)})
+    # The gateway may close while the client is still writing the frame.
+    with contextlib.suppress(ConnectionClosed):
+        await s.send(frame)
+    await s.reader
+    assert s.conn.close_code == 1009
+
+
+async def test_handshake_refused_without_a_valid_token(gateway: GatewayProcess) -> None:
+    for token in (None, "lc_not-a-real-token"):
+        for path in ("/ws/produce/", "/ws/queues/q/"):
+            with pytest.raises(InvalidStatus) as info:
+                await Socket.open(gateway.ws + path, token)
+            assert info.value.response.status_code == 403
+
+
+async def test_token_in_query_string_works_for_browsers(
+    gateway: GatewayProcess, admin_token: str
+) -> None:
+    async with await Socket.open(f"{gateway.ws}/ws/produce/?token={admin_token}") as s:
+        reply = await s.request({"op": "enqueue", "queue": unique(), "body": 1})
+        assert reply["op"] == "enqueued"
+
+
+async def test_revoked_scope_and_patterns_are_enforced(gateway: GatewayProcess) -> None:
+    token = gateway.issue_token("consume:emails.*", "enqueue:emails.*", name="emails")
+    async with await Socket.open(f"{gateway.ws}/ws/queues/emails.welcome/", token) as w:
+        denied = await w.request({"op": "enqueue", "queue": "billing", "body": 1})
+        assert denied["code"] == "forbidden"
+        allowed = await w.request({"op": "enqueue", "body": 1})
+        assert allowed["op"] == "enqueued"
+    # A socket URL outside the scopes: accepted, one error frame, close 4403.
+    s = await Socket.open(f"{gateway.ws}/ws/queues/billing/", token)
+    frame = await s.next()
+    assert frame["code"] == "forbidden"
+    await s.reader
+    assert s.conn.close_code == 4403
+
+
+@pytest.mark.parametrize(
+    "query", ["prefetch=0", "prefetch=1001", "prefetch=ten", "visibility_timeout=-1"]
+)
+async def test_invalid_socket_parameters_close_4400(
+    gateway: GatewayProcess, admin_token: str, query: str
+) -> None:
+    s = await Socket.open(f"{gateway.ws}/ws/queues/{unique()}/?{query}", admin_token)
+    frame = await s.next()
+    assert frame["code"] == "invalid", frame
+    await s.reader
+    assert s.conn.close_code == 4400
+
+
+async def test_invalid_queue_name_in_url_closes_4400(
+    gateway: GatewayProcess, admin_token: str
+) -> None:
+    s = await Socket.open(f"{gateway.ws}/ws/queues/bad%20name/", admin_token)
+    assert (await s.next())["code"] == "invalid"
+    await s.reader
+    assert s.conn.close_code == 4400
+
+
+def test_http_errors_have_the_protocol_codes(gateway: GatewayProcess, admin_token: str) -> None:
+    base = gateway.http
+    limited = gateway.issue_token("enqueue:jobs", name="jobs-only")
+    cases = [
+        ("GET", "/api/queues/x", None, None, 401, "unauthorized"),
+        ("GET", "/api/queues/x", "lc_wrong", None, 401, "unauthorized"),
+        (
+            "POST",
+            "/api/queues/other/messages",
+            limited,
+            {"messages": [{"body": 1}]},
+            403,
+            "forbidden",
+        ),
+        ("POST", "/api/queues/jobs/purge", limited, None, 403, "forbidden"),
+        ("GET", "/api/stats", limited, None, 403, "forbidden"),
+        ("GET", f"/api/queues/{unique()}", admin_token, None, 404, "not_found"),
+        ("POST", "/api/queues/jobs/messages", limited, {"messages": "no"}, 400, "bad_frame"),
+        ("POST", "/api/queues/jobs/messages", limited, {"messages": []}, 400, "invalid"),
+        (
+            "POST",
+            "/api/queues/bad name!/messages",
+            admin_token,
+            {"messages": [{"body": 1}]},
+            400,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/api/queues/jobs/messages",
+            limited,
+            {"messages": [{"body": "z" * (300 * 1024)}]},
+            413,
+            "too_large",
+        ),
+    ]
+    for method, path, token, body, status, code in cases:
+        got_status, got = http(method, base + path.replace(" ", "%20"), token, body)
+        assert (got_status, got.get("error") if isinstance(got, dict) else got) == (status, code), (
+            method,
+            path,
+            got,
+        )
+    status, got = http("POST", base + "/api/queues/jobs/messages", limited, raw=b"{not json")
+    assert status == 400 and got["error"] == "bad_frame"
+    status, got = http("GET", base + "/healthz")
+    assert (status, got) == (200, {"status": "ok"})
+
+
+async def test_closed_socket_gets_no_more_work(gateway: GatewayProcess, admin_token: str) -> None:
+    q = unique()
+    s = await Socket.open(f"{gateway.ws}/ws/queues/{q}/", admin_token)
+    await s.close()
+    with pytest.raises(ConnectionClosed):
+        await s.conn.send("{}")
+
+
+async def test_unknown_socket_paths_are_refused(gateway: GatewayProcess, admin_token: str) -> None:
+    for path in ("/ws/nothing/", "/ws/queues/", "/ws/queues/a/b/", "/"):
+        with pytest.raises(InvalidStatus) as info:
+            await Socket.open(gateway.ws + path, admin_token)
+        assert info.value.response.status_code == 403, path

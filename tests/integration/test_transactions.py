@@ -1,0 +1,59 @@
+"""Staged enqueue over HTTP (what the Spark sink uses): stage, commit once, abort."""
+
+from __future__ import annotations
+
+from tests.integration.harness import GatewayProcess, Socket, ahttp, unique
+
+
+async def test_stage_commit_is_atomic_idempotent_and_wakes_workers(
+    gateway: GatewayProcess, admin_token: str
+) -> None:
+    q, txn = unique(), f"query-{unique('t')}-batch-7"
+    base = f"{gateway.http}/api/transactions/{txn}"
+    async with await Socket.open(f"{gateway.ws}/ws/queues/{q}/?prefetch=100", admin_token) as w:
+        for partition, bodies in ((0, [1, 2]), (1, [3]), (1, [3, 4])):  # partition 1 retried
+            status, reply = await ahttp(
+                "PUT",
+                f"{base}/partitions/{partition}",
+                admin_token,
+                {"queue": q, "messages": [{"body": b} for b in bodies]},
+            )
+            assert status == 200 and reply["state"] == "staged", reply
+        await w.quiet(0.3)  # staged: invisible to workers
+        status, stats = await ahttp("GET", f"{gateway.http}/api/queues/{q}", admin_token)
+        assert stats["visible"] == 0
+        status, reply = await ahttp("POST", f"{base}/commit", admin_token)
+        assert (status, reply) == (200, {"committed": 4, "already": False})
+        got = await w.deliveries(4)
+        assert [d["body"] for d in got] == [1, 2, 3, 4]
+        status, reply = await ahttp("POST", f"{base}/commit", admin_token)
+        assert (status, reply) == (200, {"committed": 4, "already": True})
+        status, reply = await ahttp(
+            "PUT", f"{base}/partitions/0", admin_token, {"queue": q, "messages": [{"body": 9}]}
+        )
+        assert reply["already"] is True
+        await w.quiet(0.3)  # the replay enqueued nothing
+
+
+async def test_abort_and_bad_requests(gateway: GatewayProcess, admin_token: str) -> None:
+    q, txn = unique(), f"q-{unique('t')}-b1"
+    base = f"{gateway.http}/api/transactions/{txn}"
+    await ahttp("PUT", f"{base}/partitions/0", admin_token, {"queue": q, "messages": [{"body": 1}]})
+    status, reply = await ahttp("POST", f"{base}/abort", admin_token)
+    assert (status, reply) == (200, {"aborted": 1, "already": False})
+    status, reply = await ahttp("POST", f"{base}/commit", admin_token)
+    assert status == 400 and reply["error"] == "invalid"
+    status, reply = await ahttp(
+        "PUT",
+        f"{gateway.http}/api/transactions/bad%20name/partitions/0",
+        admin_token,
+        {"queue": q, "messages": []},
+    )
+    assert status in (400, 404)
+    status, reply = await ahttp(
+        "PUT", f"{base}-2/partitions/0", admin_token, {"queue": q, "messages": [{"delay": -1}]}
+    )
+    assert status == 400 and "messages[0]" in reply["detail"]
+    narrow = gateway.issue_token("consume:x", name="no-enqueue")
+    status, reply = await ahttp("POST", f"{base}-3/commit", narrow)
+    assert status == 403

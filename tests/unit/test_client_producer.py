@@ -1,0 +1,126 @@
+"""The Producer against the in-test gateway of ``test_client_worker``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from gateway.client import Producer
+from gateway.client.producer import CHUNK
+from gateway.errors import ConnectionClosed, Forbidden, Invalid, Unauthorized
+from tests.unit.test_client_worker import TOKEN, FakeGateway
+
+
+@pytest.fixture
+async def gateway() -> AsyncIterator[FakeGateway]:
+    async with FakeGateway() as gw:
+        yield gw
+
+
+async def test_enqueue_with_keys_and_publish(gateway: FakeGateway) -> None:
+    async with Producer(gateway.http, token=TOKEN) as producer:
+        assert producer.url == f"{gateway.ws}/ws/produce/"
+        first = await producer.enqueue("emails", {"to": "ada"}, key="signup-1")
+        assert first == {"id": "m1", "duplicate": False}
+        assert await producer.enqueue("emails", {"to": "ada"}, key="signup-1") == {
+            "id": "m1",
+            "duplicate": True,
+        }
+        await producer.enqueue("emails", "later", delay=60)
+        assert await producer.publish("prices", {"EURUSD": 1.09}) == 1
+        assert await producer.publish("prices", {"EURUSD": 1.1}) == 2
+    assert [m.body for m in gateway.queues["emails"]] == [{"to": "ada"}, "later"]
+    assert gateway.published == [("prices", {"EURUSD": 1.09}), ("prices", {"EURUSD": 1.1})]
+    enqueue = gateway.received[0]
+    assert enqueue == {
+        "op": "enqueue",
+        "queue": "emails",
+        "body": {"to": "ada"},
+        "delay": 0,
+        "key": "signup-1",
+        "ref": enqueue["ref"],
+    }
+
+
+async def test_enqueue_many_pipelines_chunks_and_keeps_order(gateway: FakeGateway) -> None:
+    n = 2 * CHUNK + 500
+    async with Producer(gateway.ws, token=TOKEN) as producer:
+        results = await producer.enqueue_many("bulk", [{"body": i} for i in range(n)])
+        assert await producer.enqueue_many("bulk", []) == []
+    assert [r["id"] for r in results] == [f"m{i + 1}" for i in range(n)]
+    assert [m.body for m in gateway.queues["bulk"]] == list(range(n))
+    frames = gateway.received
+    assert [f["op"] for f in frames] == ["enqueue_many"] * 3
+    assert [len(f["messages"]) for f in frames] == [CHUNK, CHUNK, 500]
+    # Pipelined: the gateway had every frame before it answered the first.
+    assert len({f["ref"] for f in frames}) == 3
+
+
+async def test_enqueue_many_falls_back_to_single_frames_on_a_v1_gateway() -> None:
+    async with FakeGateway(batch_op=False) as gateway:
+        async with Producer(gateway.ws, token=TOKEN) as producer:
+            messages = [{"body": i, "key": f"k{i % 1500}"} for i in range(1500 + 3)]
+            results = await producer.enqueue_many("bulk", messages)
+            again = await producer.enqueue_many("bulk", [{"body": "x"}])
+        assert [r["duplicate"] for r in results] == [False] * 1500 + [True] * 3
+        assert results[1500]["id"] == results[0]["id"]
+        assert again == [{"id": "m1501", "duplicate": False}]
+        ops = [f["op"] for f in gateway.received]
+        # Two refused batch frames, then one frame per message; the next call
+        # remembers and sends no batch frame at all.
+        assert ops == ["enqueue_many"] * 2 + ["enqueue"] * (1500 + 3 + 1)
+
+
+async def test_enqueue_many_reports_which_part_was_refused(gateway: FakeGateway) -> None:
+    messages: list[dict[str, object]] = [{"body": i} for i in range(CHUNK + 10)]
+    messages[CHUNK + 2]["delay"] = -1  # in the second frame
+    async with Producer(gateway.ws, token=TOKEN) as producer:
+        with pytest.raises(Invalid, match=r"messages\[2\]") as caught:
+            await producer.enqueue_many("bulk", messages)
+    assert caught.value.__notes__ == [
+        f"enqueue_many: messages {CHUNK}..{CHUNK + 9} were refused; "
+        "1 of 2 frames failed, the others were applied"
+    ]
+    assert len(gateway.queues["bulk"]) == CHUNK  # the first frame stands, alone
+
+
+async def test_refusals_raise_and_the_socket_stays_usable(gateway: FakeGateway) -> None:
+    async with Producer(gateway.ws, token=TOKEN) as producer:
+        with pytest.raises(Forbidden, match="enqueue:secret"):
+            await producer.enqueue("secret", 1)
+        with pytest.raises(Invalid):
+            await producer.enqueue("q", 1, delay=-1)
+        assert (await producer.enqueue("q", 1))["duplicate"] is False
+        assert producer.connected
+    assert gateway.handshakes == 1
+
+
+async def test_a_refused_token_raises_unauthorized(gateway: FakeGateway) -> None:
+    with pytest.raises(Unauthorized, match="HTTP 403"):
+        async with Producer(gateway.ws, token="lc_wrong"):
+            pass
+
+
+async def test_a_call_in_flight_during_a_drop_raises_and_the_next_reconnects(
+    gateway: FakeGateway,
+) -> None:
+    gateway.drop_on = lambda frame: frame.get("body") == "boom"
+    async with Producer(gateway.ws, token=TOKEN) as producer:
+        with pytest.raises(ConnectionClosed):
+            await producer.enqueue("q", "boom", key="once")
+        assert not producer.connected
+        gateway.drop_on = lambda frame: False
+        # Retrying with the same key is safe: at most one copy is stored.
+        assert (await producer.enqueue("q", "boom", key="once"))["duplicate"] is False
+        assert producer.connected
+    assert gateway.handshakes == 2
+
+
+async def test_a_closed_producer_refuses_new_calls(gateway: FakeGateway) -> None:
+    producer = Producer(gateway.ws, token=TOKEN)
+    async with producer:
+        await producer.enqueue("q", 1)
+    with pytest.raises(ConnectionClosed, match="closed"):
+        await producer.enqueue("q", 2)
+    assert gateway.handshakes == 1

@@ -1,0 +1,331 @@
+"""The store's SQL on real SQLite and PostgreSQL, with a fake clock.
+
+Each test uses its own queue names, so one migrated database per backend
+serves the whole module.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sqlite3
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.errors import NotFound, ProtocolError, StaleReceipt, Unavailable
+from gateway.leases import QueueSettings
+from gateway.protocol import EnqueueSpec
+from gateway.store import (
+    POSTGRESQL,
+    SQLITE,
+    Ack,
+    AckResult,
+    Enqueue,
+    Extend,
+    Lease,
+    LeaseResult,
+    Nack,
+    Purge,
+    Redrive,
+    Reject,
+    Release,
+    Stats,
+    Store,
+)
+from tests.databases import postgres_database, postgres_unavailable, sqlite_database
+from tests.unit.test_leases import FakeClock
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def database(request: pytest.FixtureRequest) -> Iterator[tuple[str, Any]]:
+    var = Path(tempfile.mkdtemp(prefix="leasecast-store-"))
+    if request.param == "sqlite":
+        with sqlite_database(var) as env:
+            path = env["GATEWAY_SQLITE_PATH"]
+            yield "sqlite", lambda: sqlite3.connect(path, isolation_level=None)
+    else:
+        reason = postgres_unavailable()
+        if reason:
+            pytest.skip(reason)
+        import psycopg
+
+        with postgres_database(var) as env:
+            url = env["DATABASE_URL"]
+            yield "postgres", lambda: psycopg.connect(url, autocommit=True)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(1_000_000.0)
+
+
+@pytest.fixture
+def store(database: tuple[str, Any], clock: FakeClock) -> Iterator[Store]:
+    kind, connect = database
+    s = Store(
+        connect,
+        SQLITE if kind == "sqlite" else POSTGRESQL,
+        clock=clock,
+        defaults=QueueSettings(visibility_timeout=30, max_deliveries=3, dedup_window=60),
+        settings_ttl=0,
+    )
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def queue() -> str:
+    return f"q{next(_names)}"
+
+
+def msg(body: object = 1, key: str | None = None, delay: float = 0.0) -> EnqueueSpec:
+    import orjson
+
+    return EnqueueSpec(orjson.dumps(body), key, delay)
+
+
+def one(store: Store, op: Any) -> Any:
+    (result,) = store.run([op])
+    return result
+
+
+def enqueue(store: Store, queue: str, *bodies: object) -> list[str]:
+    return [r.id for r in one(store, Enqueue(queue, [msg(b) for b in bodies]))]
+
+
+def lease(store: Store, queue: str, n: int = 10, timeout: float | None = None) -> LeaseResult:
+    result = one(store, Lease(queue, n, timeout))
+    assert isinstance(result, LeaseResult)
+    return result
+
+
+def bodies(result: LeaseResult) -> list[str]:
+    return [d.body for d in result.delivered]
+
+
+def test_lease_in_enqueue_order_up_to_n(store: Store, queue: str) -> None:
+    ids = enqueue(store, queue, "a", "b", "c")
+    got = lease(store, queue, 2)
+    assert [d.id for d in got.delivered] == ids[:2]
+    assert bodies(got) == ['"a"', '"b"']
+    assert all(d.deliveries == 1 for d in got.delivered)
+    assert bodies(lease(store, queue, 5)) == ['"c"']
+    assert lease(store, queue, 5).delivered == []
+
+
+def test_ack_deletes_and_second_ack_is_stale(store: Store, queue: str) -> None:
+    enqueue(store, queue, 1)
+    (d,) = lease(store, queue).delivered
+    assert isinstance(one(store, Ack(d.receipt)), AckResult)
+    assert isinstance(one(store, Ack(d.receipt)), StaleReceipt)
+    assert one(store, Stats(queue))["visible"] == 0
+
+
+def test_expired_lease_is_visible_and_old_receipt_stale(
+    store: Store, queue: str, clock: FakeClock
+) -> None:
+    enqueue(store, queue, 1)
+    (first,) = lease(store, queue, timeout=5).delivered
+    assert lease(store, queue).delivered == []
+    clock.advance(5)
+    (second,) = lease(store, queue).delivered
+    assert second.deliveries == 2 and second.id == first.id
+    for op in (Ack(first.receipt), Nack(queue, first.receipt), Reject(first.receipt)):
+        assert isinstance(one(store, op), StaleReceipt)
+    assert one(store, Stats(queue))["in_flight"] == 1  # the new lease is untouched
+    assert isinstance(one(store, Ack(second.receipt)), AckResult)
+
+
+def test_nack_with_delay_keeps_the_original_place(
+    store: Store, queue: str, clock: FakeClock
+) -> None:
+    enqueue(store, queue, "old")
+    (d,) = lease(store, queue).delivered
+    assert one(store, Nack(queue, d.receipt, delay=10)) is None
+    enqueue(store, queue, "new")
+    assert one(store, Stats(queue))["delayed"] == 1
+    assert bodies(lease(store, queue, 1)) == ['"new"']
+    clock.advance(10)
+    enqueue(store, queue, "newer")
+    got = lease(store, queue, 5)
+    assert bodies(got) == ['"old"', '"newer"']
+    assert got.delivered[0].deliveries == 2
+
+
+def test_reject_dead_letters_and_redrive_resets(store: Store, queue: str) -> None:
+    enqueue(store, queue, 1)
+    (d,) = lease(store, queue).delivered
+    assert one(store, Reject(d.receipt)) is None
+    stats = one(store, Stats(queue))
+    assert (stats["dead"], stats["visible"]) == (1, 0)
+    assert one(store, Redrive(queue)) == 1
+    (again,) = lease(store, queue).delivered
+    assert again.deliveries == 1
+
+
+def test_max_deliveries_dead_letters_instead_of_delivering(store: Store, queue: str) -> None:
+    enqueue(store, queue, "poison", "fine")
+    for attempt in range(1, 4):  # max_deliveries is 3
+        got = lease(store, queue, 1)
+        assert bodies(got) == ['"poison"'] and got.delivered[0].deliveries == attempt
+        one(store, Nack(queue, got.delivered[0].receipt))
+    got = lease(store, queue, 1)
+    assert got.dead_lettered == 1
+    assert bodies(got) == ['"fine"']  # the round refilled past the dead one
+    stats = one(store, Stats(queue))
+    assert stats["dead"] == 1
+    assert stats["in_flight"] == 1
+
+
+def test_dedup_within_window_even_after_ack(store: Store, queue: str, clock: FakeClock) -> None:
+    (a,) = one(store, Enqueue(queue, [msg(1, key="k")]))
+    (b,) = one(store, Enqueue(queue, [msg(2, key="k")]))
+    assert not a.duplicate and b.duplicate and b.id == a.id
+    (d,) = lease(store, queue).delivered
+    one(store, Ack(d.receipt))
+    (c,) = one(store, Enqueue(queue, [msg(3, key="k")]))
+    assert c.duplicate and c.id == a.id
+    clock.advance(61)  # past the 60 s window
+    (e,) = one(store, Enqueue(queue, [msg(4, key="k")]))
+    assert not e.duplicate and e.id != a.id
+
+
+def test_same_key_twice_in_one_batch(store: Store, queue: str) -> None:
+    results = one(store, Enqueue(queue, [msg(1, key="x"), msg(2), msg(3, key="x")]))
+    assert [r.duplicate for r in results] == [False, False, True]
+    assert results[2].id == results[0].id
+    assert one(store, Stats(queue))["visible"] == 2
+
+
+def test_keys_are_per_queue(store: Store, queue: str) -> None:
+    (a,) = one(store, Enqueue(queue, [msg(1, key="k")]))
+    (b,) = one(store, Enqueue(queue + "x", [msg(1, key="k")]))
+    assert not b.duplicate and b.id != a.id
+
+
+def test_ack_with_follow_ups_is_atomic(store: Store, queue: str) -> None:
+    enqueue(store, queue, 1)
+    (d,) = lease(store, queue).delivered
+    other = queue + "-next"
+    result = one(store, Ack(d.receipt, [(other, msg("f1")), (queue, msg("f2"))]))
+    assert [r.duplicate for r in result.enqueued] == [False, False]
+    assert one(store, Stats(other))["visible"] == 1
+    # A stale ack enqueues nothing.
+    stale = one(store, Ack(d.receipt, [(other, msg("f3"))]))
+    assert isinstance(stale, StaleReceipt)
+    assert one(store, Stats(other))["visible"] == 1
+
+
+def test_release_makes_visible_at_once(store: Store, queue: str) -> None:
+    enqueue(store, queue, 1, 2)
+    got = lease(store, queue)
+    assert one(store, Release(queue, [d.receipt for d in got.delivered] + ["junk"])) == 2
+    again = lease(store, queue)
+    assert [d.deliveries for d in again.delivered] == [2, 2]
+
+
+def test_extend_moves_the_expiry(store: Store, queue: str, clock: FakeClock) -> None:
+    enqueue(store, queue, 1)
+    (d,) = lease(store, queue, timeout=5).delivered
+    assert one(store, Extend(d.receipt, 100)) == clock.now + 100
+    clock.advance(50)
+    assert lease(store, queue).delivered == []
+    assert isinstance(one(store, Ack(d.receipt)), AckResult)
+
+
+def test_delayed_enqueue_and_next_due(store: Store, queue: str, clock: FakeClock) -> None:
+    one(store, Enqueue(queue, [msg("later", delay=7)]))
+    got = lease(store, queue)
+    assert got.delivered == [] and got.next_due == clock.now + 7
+    clock.advance(7)
+    assert bodies(lease(store, queue)) == ['"later"']
+
+
+def test_purge_spares_in_flight(store: Store, queue: str) -> None:
+    enqueue(store, queue, 1, 2, 3)
+    (held,) = lease(store, queue, 1).delivered
+    assert one(store, Purge(queue)) == 2
+    assert isinstance(one(store, Ack(held.receipt)), AckResult)
+
+
+def test_unknown_queue_stats_not_found(store: Store, queue: str) -> None:
+    assert isinstance(one(store, Stats(queue + "-never")), NotFound)
+
+
+def test_mixed_batch_applies_in_order_and_batches_plain_acks(store: Store, queue: str) -> None:
+    enqueue(store, queue, 1, 2, 3)
+    got = lease(store, queue).delivered
+    ops: list[Any] = [Ack(got[0].receipt), Ack(got[1].receipt), Ack(got[0].receipt)]
+    ops += [Enqueue(queue, [msg(4)]), Ack("nonsense"), Nack(queue, got[2].receipt)]
+    results = store.run(ops)
+    assert isinstance(results[0], AckResult) and isinstance(results[1], AckResult)
+    assert isinstance(results[2], StaleReceipt)  # same receipt twice: acked once
+    assert results[3][0].duplicate is False
+    assert isinstance(results[4], StaleReceipt)
+    assert results[5] is None
+    assert one(store, Stats(queue))["visible"] == 2
+
+
+def test_a_poisoned_op_fails_alone(store: Store, queue: str) -> None:
+    bad = Enqueue(queue, [EnqueueSpec(b"\xff\xfe", None, 0.0)])  # not UTF-8: the insert fails
+    results = store.run([Enqueue(queue, [msg("ok")]), bad, Enqueue(queue, [msg("ok2")])])
+    assert isinstance(results[1], Unavailable)
+    assert not isinstance(results[0], Unavailable) and not isinstance(results[2], Unavailable)
+    assert bodies(lease(store, queue)) == ['"ok"', '"ok2"']
+
+
+def test_concurrent_stores_lease_disjoint_messages(
+    database: tuple[str, Any], store: Store, queue: str, clock: FakeClock
+) -> None:
+    _, connect = database
+    other = Store(connect, store.dialect, clock=clock, settings_ttl=0)
+    enqueue(store, queue, *range(20))
+    a = lease(store, queue, 7)
+    b = lease(other, queue, 7)
+    other.close()
+    ids_a = {d.id for d in a.delivered}
+    ids_b = {d.id for d in b.delivered}
+    assert len(ids_a) == len(ids_b) == 7 and not ids_a & ids_b
+
+
+def test_staged_messages_are_invisible_until_committed(store: Store, queue: str) -> None:
+    from gateway.store import AbortTxn, CommitTxn, Stage
+
+    txn = f"{queue}-q1-b0"
+    assert one(store, Stage(txn, 0, queue, [msg("p0-a"), msg("p0-b")])).messages == 2
+    assert one(store, Stage(txn, 1, queue, [msg("p1-old")])).messages == 1
+    # A retried task replaces its partition's staging.
+    assert one(store, Stage(txn, 1, queue, [msg("p1-a"), msg("k", key="once")])).messages == 2
+    assert lease(store, queue).delivered == []  # invisible to workers and stats
+    assert one(store, Stats(queue))["visible"] == 0
+    committed = one(store, CommitTxn(txn))
+    assert (committed.state, committed.messages, committed.already) == ("committed", 4, False)
+    assert bodies(lease(store, queue)) == ['"p0-a"', '"p0-b"', '"p1-a"', '"k"']
+    # Replays change nothing: commit again, stage again, then commit again.
+    assert one(store, CommitTxn(txn)).already
+    assert one(store, Stage(txn, 0, queue, [msg("dup")])).already
+    assert one(store, CommitTxn(txn)).messages == 4
+    assert lease(store, queue).delivered == []
+    assert isinstance(one(store, AbortTxn(txn)), ProtocolError)  # committed stays committed
+
+
+def test_aborted_staging_is_discarded(store: Store, queue: str) -> None:
+    from gateway.store import AbortTxn, CommitTxn, Stage
+
+    txn = f"{queue}-q1-b1"
+    one(store, Stage(txn, 0, queue, [msg(1), msg(2)]))
+    assert one(store, AbortTxn(txn)).messages == 2
+    assert isinstance(one(store, CommitTxn(txn)), ProtocolError)
+    assert one(store, Stats(queue))["visible"] == 0
+
+
+def test_commit_of_an_empty_batch_is_remembered(store: Store, queue: str) -> None:
+    from gateway.store import CommitTxn
+
+    assert one(store, CommitTxn(f"{queue}-empty")).messages == 0
+    assert one(store, CommitTxn(f"{queue}-empty")).already
