@@ -229,12 +229,28 @@ def _may_enqueue_somewhere(principal: Principal) -> None:
         raise Forbidden(f"token {principal.name!r} has no enqueue scope")
 
 
+def _commit_partitions(request: HttpRequest) -> frozenset[int] | None:
+    """The optional ``partitions`` list of a commit body: the only partitions to commit."""
+    if not request.body:
+        return None
+    partitions = _body(request).get("partitions")
+    if partitions is None:
+        return None
+    if not isinstance(partitions, list) or not all(
+        isinstance(p, int) and not isinstance(p, bool) for p in partitions
+    ):
+        raise BadFrame("field 'partitions' must be a list of integers")
+    if any(p < 0 for p in partitions):
+        raise Invalid("partition numbers are >= 0")
+    return frozenset(partitions)
+
+
 @api("POST")
 async def txn_commit(request: HttpRequest, principal: Principal, txn: str) -> HttpResponse:
     """Make everything staged under ``txn`` visible at once; idempotent."""
     _check_txn(txn)
     _may_enqueue_somewhere(principal)
-    result = await get_engine().call(CommitTxn(txn))
+    result = await get_engine().call(CommitTxn(txn, _commit_partitions(request)))
     return _json({"committed": result.messages, "already": result.already})
 
 

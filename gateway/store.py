@@ -174,9 +174,15 @@ class Stage:
 
 @dataclass(frozen=True, slots=True)
 class CommitTxn:
-    """Enqueue everything staged under ``txn`` at once; a second commit changes nothing."""
+    """Enqueue everything staged under ``txn`` at once; a second commit changes nothing.
+
+    With ``partitions``, only those partitions are enqueued and any other staging
+    of ``txn`` is discarded: what an earlier, differently partitioned attempt of
+    the same batch left behind must not be committed with it.
+    """
 
     txn: str
+    partitions: frozenset[int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -507,7 +513,7 @@ class Store:
                 case Stage():
                     return self._stage(cur, op, now)
                 case CommitTxn():
-                    return self._commit_txn(cur, op.txn, now)
+                    return self._commit_txn(cur, op.txn, op.partitions, now)
                 case AbortTxn():
                     return self._abort_txn(cur, op.txn, now)
         except ProtocolError as exc:
@@ -948,7 +954,9 @@ class Store:
             )
         return TxnResult("staged", len(op.messages))
 
-    def _commit_txn(self, cur: Any, txn: str, now: float) -> TxnResult:
+    def _commit_txn(
+        self, cur: Any, txn: str, partitions: frozenset[int] | None, now: float
+    ) -> TxnResult:
         finished = self._finished(cur, txn)
         if finished is not None:
             if finished[0] != "committed":
@@ -956,13 +964,15 @@ class Store:
             return TxnResult("committed", finished[1], already=True)
         rows = self._exec(
             cur,
-            'SELECT q.name, s.body, s."key", s.delay FROM leasecast_staged AS s '
+            'SELECT s."partition", q.name, s.body, s."key", s.delay FROM leasecast_staged AS s '
             "JOIN leasecast_queue AS q ON q.id = s.queue_id "
             'WHERE s.txn = %s ORDER BY s."partition", s."position"',
             (txn,),
         ).fetchall()
+        if partitions is not None:
+            rows = [row for row in rows if row[0] in partitions]
         by_queue: dict[str, list[EnqueueSpec]] = {}
-        for queue, body, key, delay in rows:
+        for _, queue, body, key, delay in rows:
             by_queue.setdefault(queue, []).append(EnqueueSpec(body.encode(), key, delay))
         for queue, specs in by_queue.items():
             self._enqueue(cur, queue, specs, now)

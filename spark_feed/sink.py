@@ -60,6 +60,8 @@ class StagedPartition(WriterCommitMessage):
     txn: str
     partition: int
     rows: int
+    #: The gateway partition numbers this task staged (one per request).
+    chunks: tuple[int, ...] = ()
 
 
 class _Gateway:
@@ -147,6 +149,7 @@ class LeasecastStreamWriter(DataSourceStreamWriter):
         rows = 0
         chunk: list[dict[str, Any]] = []
         chunk_no = 0
+        staged: list[int] = []
         gateway = _Gateway(self.url, self.token, self.timeout)  # one connection per task
 
         def flush() -> None:
@@ -161,6 +164,7 @@ class LeasecastStreamWriter(DataSourceStreamWriter):
                     f"/api/transactions/{txn}/partitions/{number}",
                     {"queue": self.queue, "messages": chunk},
                 )
+                staged.append(number)
             chunk, chunk_no = [], chunk_no + 1
 
         try:
@@ -173,15 +177,24 @@ class LeasecastStreamWriter(DataSourceStreamWriter):
                 flush()
         finally:
             gateway.close()
-        return StagedPartition(txn, partition, rows)
+        return StagedPartition(txn, partition, rows, tuple(staged))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         if self.topic is not None:
             return
+        # Commit exactly what this attempt's tasks staged: staging left by an
+        # earlier attempt of the same batch that was split differently (a
+        # restart with other settings) is discarded, not committed with it.
+        chunks: dict[str, set[int]] = {}
+        for message in messages:
+            if isinstance(message, StagedPartition):
+                chunks.setdefault(message.txn, set()).update(message.chunks)
         gateway = _Gateway(self.url, self.token, self.timeout)
         try:
-            for txn in {m.txn for m in messages if isinstance(m, StagedPartition)}:
-                gateway.request("POST", f"/api/transactions/{txn}/commit", {})
+            for txn, numbers in chunks.items():
+                gateway.request(
+                    "POST", f"/api/transactions/{txn}/commit", {"partitions": sorted(numbers)}
+                )
         finally:
             gateway.close()
 

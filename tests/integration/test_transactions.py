@@ -57,3 +57,35 @@ async def test_abort_and_bad_requests(gateway: GatewayProcess, admin_token: str)
     narrow = gateway.issue_token("consume:x", name="no-enqueue")
     status, reply = await ahttp("POST", f"{base}-3/commit", narrow)
     assert status == 403
+
+
+async def test_commit_of_listed_partitions_discards_other_staging(
+    gateway: GatewayProcess, admin_token: str
+) -> None:
+    """A batch replayed with another split commits only what the replay staged."""
+    q, txn = unique(), f"query-{unique('t')}-batch-3"
+    base = f"{gateway.http}/api/transactions/{txn}"
+    # The first attempt staged partitions 0 and 1, then the job died.
+    for partition, bodies in ((0, [1, 2]), (1, [3, 4])):
+        await ahttp(
+            "PUT",
+            f"{base}/partitions/{partition}",
+            admin_token,
+            {"queue": q, "messages": [{"body": b} for b in bodies]},
+        )
+    # The replay split the same rows into partitions 0 and 2.
+    for partition, bodies in ((0, [1, 2, 3]), (2, [4])):
+        await ahttp(
+            "PUT",
+            f"{base}/partitions/{partition}",
+            admin_token,
+            {"queue": q, "messages": [{"body": b} for b in bodies]},
+        )
+    status, reply = await ahttp("POST", f"{base}/commit", admin_token, {"partitions": "0"})
+    assert status == 400 and reply["error"] == "bad_frame"
+    status, reply = await ahttp("POST", f"{base}/commit", admin_token, {"partitions": [0, 2]})
+    assert (status, reply) == (200, {"committed": 4, "already": False})
+    status, stats = await ahttp("GET", f"{gateway.http}/api/queues/{q}", admin_token)
+    assert stats["visible"] == 4  # not 6: partition 1 of the first attempt was discarded
+    status, reply = await ahttp("POST", f"{base}/commit", admin_token, {"partitions": [0, 1, 2]})
+    assert (status, reply) == (200, {"committed": 4, "already": True})
