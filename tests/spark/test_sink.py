@@ -2,78 +2,25 @@
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import sys
+import asyncio
 import tempfile
-from collections.abc import Iterator
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.databases import sqlite_database
 from tests.integration.harness import GatewayProcess, http, unique
-
-
-def _spark_missing() -> str | None:
-    try:
-        import pyspark  # noqa: F401
-    except ImportError:
-        return "pyspark is not installed"
-    if shutil.which("java") is None:
-        return "no Java on PATH (Spark needs Java 17)"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_spark_missing() is not None, reason=str(_spark_missing()))
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    """One local Spark session for the whole test run (it takes seconds to start)."""
-    from pyspark.sql import SparkSession
-
-    from spark_feed.sink import LeasecastDataSource
-
-    # Spark's Python workers must run this interpreter (it has the sink and pyarrow).
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("leasecast-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    session.dataSource.register(LeasecastDataSource)
-    yield session
-    session.stop()
-
-
-@pytest.fixture(scope="module")
-def site() -> Iterator[GatewayProcess]:
-    var = Path(tempfile.mkdtemp(prefix="leasecast-spark-"))
-    with sqlite_database(var) as env:
-        gateway = GatewayProcess(env, var, name="spark")
-        gateway.start()
-        yield gateway
-        gateway.stop()
-
-
-def write_files(folder: Path, start: int, count: int, per_file: int = 2000) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    for offset in range(start, start + count, per_file):
-        lines = [
-            json.dumps({"id": i, "name": f"row {i}"}) for i in range(offset, offset + per_file)
-        ]
-        (folder / f"part-{offset:06d}.json").write_text("\n".join(lines) + "\n")
+from tests.spark.conftest import drain_ids, visible, write_files
 
 
 def run_stream(
-    spark: Any, site: GatewayProcess, token: str, source: Path, checkpoint: Path, queue: str
+    spark: Any,
+    site: GatewayProcess,
+    token: str,
+    source: Path,
+    checkpoint: Path,
+    queue: str | None = None,
+    topic: str | None = None,
 ) -> None:
     frame = (
         spark.readStream.schema("id LONG, name STRING")
@@ -84,38 +31,12 @@ def run_stream(
         frame.writeStream.format("leasecast")
         .option("url", site.http)
         .option("token", token)
-        .option("queue", queue)
+        .option(*(("queue", queue) if queue else ("topic", topic)))
         .option("checkpointLocation", str(checkpoint))
         .trigger(availableNow=True)
         .start()
     )
     query.awaitTermination(300)
-
-
-def visible(site: GatewayProcess, token: str, queue: str) -> int:
-    status, stats = http("GET", f"{site.http}/api/queues/{queue}", token)
-    return int(stats["visible"]) if status == 200 else 0
-
-
-def drain_ids(site: GatewayProcess, token: str, queue: str) -> list[int]:
-    """Every body's id, consumed (and acked) through a real worker socket."""
-    import asyncio
-
-    from gateway.client import Worker
-
-    total = visible(site, token, queue)  # before the worker leases any
-
-    async def run() -> list[int]:
-        ids: list[int] = []
-        async with Worker(site.ws, queue, token=token, prefetch=1000) as worker:
-            async for delivery in worker:
-                ids.append(delivery.body["id"])
-                await delivery.ack()
-                if len(ids) >= total:
-                    break
-        return ids
-
-    return asyncio.run(run())
 
 
 def test_ten_thousand_rows_arrive_exactly_once_across_a_restart(
@@ -136,3 +57,40 @@ def test_ten_thousand_rows_arrive_exactly_once_across_a_restart(
     assert visible(site, token, queue) == 10_000
     ids = drain_ids(site, token, queue)
     assert sorted(ids) == list(range(10_000))  # every row once
+
+
+def test_topic_mode_reaches_a_subscriber(spark: Any, site: GatewayProcess) -> None:
+    token = site.issue_token("admin", name="spark-topic")
+    topic = unique("spark-topic")
+    work = Path(tempfile.mkdtemp(prefix="leasecast-topic-"))
+    write_files(work / "in", 0, 1000, per_file=500)
+    received: list[int] = []
+    ready = threading.Event()
+
+    async def subscribe() -> None:
+        from gateway.client import Subscriber
+
+        # block: a subscriber that misses nothing, or is disconnected (never here).
+        async with Subscriber(
+            site.ws, topic, token=token, capacity=10_000, on_full="block"
+        ) as subscriber:
+            ready.set()
+            async for message in subscriber:
+                received.append(message.body["id"])
+                if len(received) >= 1000:
+                    return
+
+    thread = threading.Thread(target=lambda: asyncio.run(asyncio.wait_for(subscribe(), 180)))
+    thread.start()
+    assert ready.wait(30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the subscription is registered on accept
+        _, stats = http("GET", f"{site.http}/api/stats", token)
+        if any(t["name"] == topic and t["subscribers"] == 1 for t in stats["topics"]):
+            break
+        time.sleep(0.1)
+    run_stream(spark, site, token, work / "in", work / "checkpoint", topic=topic)
+    thread.join(180)
+    # Two Spark partitions publish side by side: each row once, in no set order.
+    assert sorted(received) == list(range(1000))
+    assert visible(site, token, topic) == 0  # a topic is not a queue: nothing was enqueued

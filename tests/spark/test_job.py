@@ -1,0 +1,152 @@
+"""The example job (``python -m spark_feed``) as a real driver process, killed for real.
+
+Each test runs the job as its own process group (Python driver, Spark's JVM
+and its Python workers) and checks exactly-once effect by draining the queue
+through a real worker socket.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.databases import ROOT, sqlite_database
+from tests.integration.harness import GatewayProcess, unique
+from tests.spark.conftest import drain_ids, visible, write_files
+
+ROWS = 10_000
+
+
+class Job:
+    """One run of ``python -m spark_feed`` with its output in a file."""
+
+    def __init__(self, site: GatewayProcess, token: str, queue: str, work: Path, *extra: str):
+        self.log = work / f"job-{time.monotonic_ns()}.log"
+        command = [
+            sys.executable,
+            "-m",
+            "spark_feed",
+            "--url",
+            site.http,
+            "--token",
+            token,
+            "--queue",
+            queue,
+            "--files",
+            str(work / "in"),
+            "--schema",
+            "id LONG, name STRING",
+            "--max-files-per-trigger",
+            "1",
+            "--batch-size",
+            "100",
+            "--available-now",
+            "--checkpoint",
+            str(work / "checkpoint"),
+            *extra,
+        ]
+        with open(self.log, "wb") as out:
+            # Its own session: kill -9 reaches the driver, the JVM and the workers.
+            self.proc = subprocess.Popen(
+                command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def kill(self) -> None:
+        """``kill -9`` of the whole driver: no shutdown of any kind."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+
+    def wait(self, timeout: float = 300) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"the job did not finish:\n{self.output()[-3000:]}") from None
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def own_site() -> Iterator[GatewayProcess]:
+    """A gateway of the test's own (it gets killed)."""
+    var = Path(tempfile.mkdtemp(prefix="leasecast-spark-own-"))
+    with sqlite_database(var) as env:
+        gateway = GatewayProcess(env, var, name="spark-own")
+        gateway.start()
+        yield gateway
+        gateway.stop()
+
+
+def test_driver_killed_mid_stream_and_restarted_gives_exactly_every_row(
+    site: GatewayProcess,
+) -> None:
+    token = site.issue_token("enqueue:*", "consume:*", name="job-kill")
+    queue = unique("job")
+    work = Path(tempfile.mkdtemp(prefix="leasecast-job-"))
+    write_files(work / "in", 0, ROWS, per_file=250)  # 40 files: 40 batches
+    job = Job(site, token, queue, work)
+    wait_until(lambda: visible(site, token, queue) >= 1000, 180, "the first batches")
+    job.kill()
+    at_kill = visible(site, token, queue)
+    assert at_kill < ROWS, "the job finished before it could be killed mid-stream"
+    again = Job(site, token, queue, work)
+    assert again.wait() == 0, again.output()[-3000:]
+    assert "done:" in again.output()
+    assert visible(site, token, queue) == ROWS
+    assert sorted(drain_ids(site, token, queue)) == list(range(ROWS))  # each row once
+
+
+def test_gateway_killed_mid_stream_the_job_recovers_with_exactly_every_row(
+    own_site: GatewayProcess,
+) -> None:
+    token = own_site.issue_token("enqueue:*", "consume:*", name="job-outage")
+    queue = unique("job")
+    work = Path(tempfile.mkdtemp(prefix="leasecast-job-"))
+    write_files(work / "in", 0, ROWS, per_file=250)
+    job = Job(own_site, token, queue, work, "--restarts", "30")
+    wait_until(lambda: visible(own_site, token, queue) >= 1000, 180, "the first batches")
+    own_site.kill()  # kill -9 while batches are staged and committed
+    time.sleep(3)  # the job's batches fail meanwhile
+    own_site.start()
+    assert job.wait() == 0, job.output()[-3000:]
+    output = job.output()
+    assert "query failed" in output and "restarting from the checkpoint" in output, output
+    assert visible(own_site, token, queue) == ROWS
+    assert sorted(drain_ids(own_site, token, queue)) == list(range(ROWS))
+
+
+def test_job_refuses_bad_options_with_a_clear_error(site: GatewayProcess) -> None:
+    work = Path(tempfile.mkdtemp(prefix="leasecast-job-"))
+    (work / "empty").mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "LEASECAST_TOKEN"}
+    base = [sys.executable, "-m", "spark_feed", "--url", site.http, "--queue", "q"]
+    cases = [
+        ([*base, "--files", str(work / "empty")], "no token"),
+        ([*base, "--token", "lc_wrong", "--files", str(work / "empty")], "refused the token"),
+        ([*base, "--rate", "0"], "is not >= 1"),
+        ([*base, "--files", str(work), "--rate", "5"], "not allowed with"),
+    ]
+    for command, message in cases:
+        done = subprocess.run(
+            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 2, (command, done.stdout, done.stderr)
+        assert message in done.stderr, (command, done.stderr)
