@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit integration bench install clean browser
+.PHONY: run demo test lint typecheck unit integration bench install clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -25,6 +25,13 @@ run: install var
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py bootstrap_dev --url http://127.0.0.1:$(PORT)
 	$(BIN)/python -m gateway.serve -b 127.0.0.1 -p $(PORT)
+
+## The whole system alive: gateway, a Spark feed, workers (one crashy, one slow),
+## a publisher and a subscriber per policy. Ctrl-C stops everything.
+demo: install var
+	$(BIN)/python manage.py migrate --noinput
+	$(BIN)/python manage.py bootstrap_dev --url http://127.0.0.1:$(PORT)
+	$(BIN)/python -m gateway.demo --port $(PORT)
 
 lint: install
 	$(BIN)/ruff check .

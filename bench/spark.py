@@ -1,0 +1,228 @@
+"""Spark feed benchmark: the Leasecast sink against a row-by-row foreachBatch, in one run.
+
+    python -m bench.spark                       # 200,000 rows through the sink, ~2 minutes
+    python -m bench.spark --rows 50000 --baseline-rows 5000 --json out.json
+
+One local Spark session (``local[2]``) streams JSON-lines files into one
+gateway process on SQLite, end to end: the clock starts when the query starts
+and stops when the gateway's queue shows every row committed and visible.
+
+- **leasecast-sink**: ``format("leasecast")``, staged per partition and
+  committed per micro-batch (exactly-once in effect), ``batchSize`` rows per
+  HTTP request.
+- **foreachbatch-post**: the plain way, ``foreachBatch`` on the driver POSTing
+  every row as its own request (``POST /api/queues/Q/messages`` with one
+  message) over one kept-alive connection. Not exactly-once: a replayed batch
+  enqueues again.
+
+Both read the same kind of files (about 120 bytes a row) with the same
+``maxFilesPerTrigger``. Results are ratios within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import sys
+import tempfile
+import time
+import urllib.parse
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.databases import sqlite_database
+from tests.integration import harness
+from tests.integration.harness import GatewayProcess
+
+
+@dataclass
+class Result:
+    """One way of feeding the gateway."""
+
+    name: str
+    rows: int
+    seconds: float
+    batches: int
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds else 0.0
+
+
+def write_files(folder: Path, rows: int, per_file: int) -> None:
+    """JSON-lines files of ``rows`` rows, ``per_file`` a file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    pad = "x" * 64
+    for start in range(0, rows, per_file):
+        lines = (
+            json.dumps({"id": i, "name": f"row {i}", "pad": pad})
+            for i in range(start, min(rows, start + per_file))
+        )
+        (folder / f"part-{start:09d}.json").write_text("\n".join(lines) + "\n")
+
+
+def visible(gateway: GatewayProcess, token: str, queue: str) -> int:
+    status, stats = harness.http("GET", f"{gateway.http}/api/queues/{queue}", token)
+    return int(stats["visible"]) if status == 200 else 0
+
+
+def wait_visible(gateway: GatewayProcess, token: str, queue: str, rows: int, limit: float) -> None:
+    """Block until ``rows`` rows are visible in ``queue`` (polling every 20 ms)."""
+    deadline = time.monotonic() + limit
+    while visible(gateway, token, queue) < rows:
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"{queue}: {visible(gateway, token, queue)} of {rows} after {limit}s"
+            )
+        time.sleep(0.02)
+
+
+def post_every_row(url: str, token: str, queue: str) -> Any:
+    """The baseline's ``foreachBatch`` function: one POST a row, on the driver."""
+    parts = urllib.parse.urlsplit(url)
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+
+    def each_batch(frame: Any, batch_id: int) -> None:
+        conn = http.client.HTTPConnection(parts.netloc, timeout=30)
+        try:
+            for row in frame.toLocalIterator():
+                body = json.dumps({"messages": [{"body": row.asDict()}]})
+                conn.request("POST", f"/api/queues/{queue}/messages", body, headers)
+                response = conn.getresponse()
+                response.read()
+                if response.status != 200:
+                    raise RuntimeError(f"HTTP {response.status}")
+        finally:
+            conn.close()
+
+    return each_batch
+
+
+def run_query(
+    spark: Any,
+    gateway: GatewayProcess,
+    token: str,
+    source: Path,
+    rows: int,
+    *,
+    queue: str,
+    files_per_trigger: int,
+    baseline: bool,
+    batch_size: int,
+) -> Result:
+    """Stream ``source`` into ``queue`` one way; timed until every row is visible."""
+    frame = (
+        spark.readStream.schema("id LONG, name STRING, pad STRING")
+        .option("maxFilesPerTrigger", files_per_trigger)
+        .json(str(source))
+    )
+    checkpoint = tempfile.mkdtemp(prefix="leasecast-bench-ckpt-")
+    writer = frame.writeStream.option("checkpointLocation", checkpoint).trigger(availableNow=True)
+    if baseline:
+        writer = writer.foreachBatch(post_every_row(gateway.http, token, queue))
+    else:
+        writer = (
+            writer.format("leasecast")
+            .option("url", gateway.http)
+            .option("token", token)
+            .option("queue", queue)
+            .option("batchSize", str(batch_size))
+        )
+    started = time.perf_counter()
+    query = writer.start()
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise RuntimeError(f"query failed: {query.exception()}")
+    wait_visible(gateway, token, queue, rows, 600)
+    seconds = time.perf_counter() - started
+    batches = sum(1 for p in query.recentProgress if p["numInputRows"])
+    return Result("foreachbatch-post" if baseline else "leasecast-sink", rows, seconds, batches)
+
+
+def table(results: list[Result]) -> str:
+    """The Markdown table of ``docs/benchmarks.md``."""
+    base = next((r for r in results if r.name == "foreachbatch-post"), None)
+    lines = [
+        "| feed | rows | batches | seconds | rows/s | vs foreachBatch POST |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        ratio = f"{r.rows_per_s / base.rows_per_s:.1f}x" if base and base.rows_per_s else "-"
+        lines.append(
+            f"| {r.name} | {r.rows:,} | {r.batches} | {r.seconds:.1f} | "
+            f"{r.rows_per_s:,.0f} | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark and print its table."""
+    parser = argparse.ArgumentParser(prog="python -m bench.spark", description=__doc__)
+    parser.add_argument("--rows", type=int, default=200_000, help="rows through the sink")
+    parser.add_argument("--baseline-rows", type=int, default=10_000, help="rows POSTed one by one")
+    parser.add_argument("--rows-per-file", type=int, default=10_000)
+    parser.add_argument("--files-per-trigger", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=5000, help="sink rows per request")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+
+    from spark_feed.job import spark_session
+
+    with ExitStack() as stack:
+        var = Path(tempfile.mkdtemp(prefix="leasecast-bench-spark-"))
+        env = stack.enter_context(sqlite_database(var))
+        gateway = GatewayProcess(env, var, name="bench-spark")
+        gateway.start()
+        stack.callback(gateway.stop)
+        token = gateway.issue_token("admin", name="bench")
+        print("starting Spark (local[2])", file=sys.stderr)
+        spark = spark_session("local[2]")
+        stack.callback(spark.stop)
+        data = Path(tempfile.mkdtemp(prefix="leasecast-bench-data-"))
+        write_files(data / "warmup", 2000, 1000)
+        write_files(data / "sink", args.rows, args.rows_per_file)
+        write_files(data / "baseline", args.baseline_rows, min(args.rows_per_file, 2500))
+        common = {"files_per_trigger": args.files_per_trigger, "batch_size": args.batch_size}
+        # Warm both paths (Python workers, JIT) before anything is timed.
+        for baseline in (False, True):
+            warm = f"warm-{baseline}"
+            run_query(
+                spark,
+                gateway,
+                token,
+                data / "warmup",
+                2000,
+                queue=warm,
+                baseline=baseline,
+                **common,
+            )
+        results = []
+        for name, rows, baseline in (
+            ("sink", args.rows, False),
+            ("baseline", args.baseline_rows, True),
+        ):
+            print(f"{name}: {rows:,} rows", file=sys.stderr)
+            results.append(
+                run_query(
+                    spark,
+                    gateway,
+                    token,
+                    data / name,
+                    rows,
+                    queue=f"bench-{name}",
+                    baseline=baseline,
+                    **common,
+                )
+            )
+        print(table(results))
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            rows_out = [asdict(r) | {"rows_per_s": r.rows_per_s} for r in results]
+            args.json.write_text(json.dumps(rows_out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""``make demo`` (``python -m gateway.demo``): everything starts, moves, and stops on Ctrl-C."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gateway.demo import spark_missing
+from tests.databases import ROOT, base_env, manage
+from tests.integration.harness import free_port, http
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_demo_runs_every_part_and_stops_cleanly_on_ctrl_c() -> None:
+    var = Path(tempfile.mkdtemp(prefix="leasecast-demo-"))
+    env = base_env(var)
+    manage(env, "migrate", "--noinput", "-v0")
+    manage(env, "bootstrap_dev")
+    token = next(
+        line.split(":", 1)[1].strip()
+        for line in (var / "dev-credentials.txt").read_text().splitlines()
+        if line.strip().startswith("admin token")
+    )
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    # Spark when it can run here (as `make demo` does), a plain producer otherwise.
+    with_spark = spark_missing() is None
+    command = [sys.executable, "-m", "gateway.demo", "--port", str(port)]
+    if not with_spark:
+        command.append("--no-spark")
+    log = var / "demo.out"
+    with open(log, "wb") as out:
+        demo = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        wait_for(lambda: "Ctrl-C stops everything" in log.read_text(), 120, "the banner")
+        banner = log.read_text()
+        assert f"{url}/dashboard/" in banner and "admin / " in banner
+
+        def sockets() -> list[dict[str, Any]]:
+            status, stats = http("GET", f"{url}/api/stats", token)
+            return stats["sockets"] if status == 200 else []
+
+        def alive() -> bool:
+            socks = sockets()
+            workers = [s for s in socks if s["kind"] == "worker" and s["queue"] == "demo.orders"]
+            subs = {s["policy"]: s for s in socks if s["kind"] == "subscriber"}
+            return (
+                len(workers) >= 2
+                and sum(w["acked"] for w in workers) > 0
+                and set(subs) == {"drop_oldest", "drop_newest", "block"}
+                and subs["drop_newest"]["dropped"] > 0  # the slow one drops
+                and subs["block"]["dropped"] == 0
+                and subs["drop_oldest"]["delivered"] > 0
+            )
+
+        wait_for(alive, 120, f"workers acking and subscribers receiving:\n{log.read_text()}")
+        # The poison message is nacked until it is dead-lettered.
+        wait_for(
+            lambda: http("GET", f"{url}/api/queues/demo.orders", token)[1].get("dead", 0) >= 1,
+            120,
+            "a dead-lettered poison message",
+        )
+        if with_spark:
+            spark_log = var / "demo-spark.log"
+            wait_for(lambda: "rows in" in spark_log.read_text(), 120, "a Spark batch")
+        os.killpg(demo.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
+        assert demo.wait(120) == 0, log.read_text()[-3000:]
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+    output = log.read_text()
+    assert "stopped the gateway" in output, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    status, _ = (0, None)
+    with contextlib.suppress(OSError):
+        status, _ = http("GET", f"{url}/healthz")
+    assert status == 0, "the gateway still answers after the demo stopped"
+    leftover = subprocess.run(
+        ["pgrep", "-f", f"127.0.0.1:{port}|-p {port}"], capture_output=True, text=True
+    )
+    assert leftover.stdout.strip() == "", f"processes left behind: {leftover.stdout}"
