@@ -47,6 +47,10 @@ def daphne_args(argv: list[str]) -> list[str]:
         args += ["--ping-interval", os.environ.get("GATEWAY_PING_INTERVAL", "20")]
     if not any(a.startswith("--ping-timeout") for a in argv):
         args += ["--ping-timeout", os.environ.get("GATEWAY_PING_TIMEOUT", "30")]
+    # daphne closes every WebSocket after 24 h by default; a worker or a
+    # subscriber lives as long as its process, so no limit unless asked.
+    if not any(a.startswith("--websocket_timeout") for a in argv):
+        args += ["--websocket_timeout", os.environ.get("GATEWAY_WEBSOCKET_MAX_AGE", "-1")]
     args += argv
     if not any(":" in a and not a.startswith("-") and "." in a for a in argv):
         args.append("gateway.asgi:application")
