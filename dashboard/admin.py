@@ -120,7 +120,9 @@ class MessageAdmin(admin.ModelAdmin[Message]):
         chosen = list(queryset)
         n = operations.requeue(chosen)
         for message in chosen:
-            self.log_change(request, message, "Requeued (old receipt made stale).")
+            self.log_change(
+                request, message, "Requeued (delivery count reset, old receipt made stale)."
+            )
         self.message_user(request, f"Requeued {n} messages.")
 
     def has_add_permission(self, request: HttpRequest) -> bool:

@@ -42,14 +42,22 @@ def _announce(queues: Iterable[str]) -> None:
 def requeue(messages: Iterable[Message]) -> int:
     """Make dead or in-flight messages visible again, keeping their place.
 
-    An in-flight message's lease ends here: its old receipt is stale from now on.
+    The delivery count starts again from 0 (as in :func:`redrive`): an
+    operator's requeue is a fresh start, so a message dead-lettered for
+    exceeding ``max_deliveries`` is delivered at the next lease instead of
+    being dead-lettered again. An in-flight message's lease ends here: its
+    lease token is cleared, so its old receipt is stale from now on (the next
+    lease issues a new one). Messages waiting for a lease (ready or delayed) are
+    left alone.
     Returns how many messages changed.
     """
     ids = [m.pk for m in messages]
     with transaction.atomic():
-        rows = Message.objects.filter(pk__in=ids).exclude(state=StoredState.READY)
+        rows = Message.objects.filter(pk__in=ids, state__in=[StoredState.DEAD, StoredState.LEASED])
         queues = set(rows.values_list("queue__name", flat=True))
-        changed = rows.update(state=StoredState.READY, visible_at=time.time(), lease_token=None)
+        changed = rows.update(
+            state=StoredState.READY, visible_at=time.time(), deliveries=0, lease_token=None
+        )
         _announce(queues)
     return changed
 

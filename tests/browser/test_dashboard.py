@@ -176,6 +176,20 @@ async def test_live_rows_counters_drops_and_purge(
         assert await page.evaluate("window.pwned") is None
         assert "Purged 3 messages (dashboard or API)." in audit_log(site)
 
+        # Disconnect the worker from the dashboard (confirmed): the gateway closes
+        # its socket with 4000, its row goes, and the admin log records who did it.
+        worker_row = f"#sockets tr[data-kind=worker][data-name='{queue}']"
+        await page.click(f"{worker_row} button.danger")
+        with pytest.raises(ConnectionError, match="4000"):
+            await worker.next(timeout=10)
+        await page.wait_for_selector(worker_row, state="detached", timeout=5000)
+        for _ in range(30):  # the entry is written just after the socket closes
+            if f"{STAFF} socket" in audit_log(site):
+                break
+            await asyncio.sleep(0.2)
+        (line,) = [x for x in audit_log(site).splitlines() if x.startswith(f"{STAFF} socket")]
+        assert line.endswith(": Disconnected from the dashboard.")
+
 
 async def test_admin_purge_and_message_bodies_escaped(
     browser: Any, site: GatewayProcess, token: str
@@ -185,17 +199,24 @@ async def test_admin_purge_and_message_bodies_escaped(
         for body in ["<script>window.pwned=1</script>", 2, 3]:
             await producer.request({"op": "enqueue", "queue": queue, "body": body})
     page = await login(browser, site)
-    await page.goto(f"{site.http}/admin/gateway/message/?q=&queue__name={queue}")
+    # The queue's messages, through the admin's filter: exactly its three.
     await page.goto(f"{site.http}/admin/gateway/message/")
+    await page.click(f"#changelist-filter a:text-is('{queue}')")
+    await page.wait_for_url(re.compile(r".*queue__id__exact=\d+"))
+    assert await page.locator("#result_list tbody tr").count() == 3
     await page.click("text=window.pwned")
     assert await page.evaluate("window.pwned") is None  # shown as text, never run
     assert "&lt;script&gt;" in await page.content()
 
+    # Purge from the admin: the queue's counts (visible / in flight / dead) drop.
     await page.goto(f"{site.http}/admin/gateway/queue/?q={queue}")
+    counts = page.locator("#result_list td.field-counts")
+    assert await counts.inner_text() == "3 / 0 / 0"
     await page.check("input.action-select")
     await page.select_option("select[name=action]", "purge_queues")
     await page.click("button[name=index]")
     await page.wait_for_selector("text=purged 3 messages")
+    assert await counts.inner_text() == "0 / 0 / 0"  # the list the action returned to
     assert "Purged 3 messages (in-flight ones kept)." in audit_log(site)
     status, stats = await ahttp("GET", f"{site.http}/api/queues/{queue}", token)
     assert status == 200 and stats["visible"] == 0
