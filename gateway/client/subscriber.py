@@ -76,6 +76,7 @@ class Subscriber:
         self._reconnect = reconnect
         self._backoff = (backoff_initial, backoff_max)
         self._link: Link | None = None
+        self._opened = False  # a socket was opened once: later ones are reconnects
         self._closing = False
         # Set by close(), so a reconnect in its backoff sleep gives up at once.
         self._stop = asyncio.Event()
@@ -85,8 +86,18 @@ class Subscriber:
         self.reconnects = 0
 
     async def __aenter__(self) -> Subscriber:
-        self._link = await Link.open(self.url, self._token)
+        await self._open_first()
         return self
+
+    async def _open_first(self) -> None:
+        # The first connection fails fast (no backoff, no retry) and is not a
+        # reconnect, whether ``async with`` or the first iteration makes it.
+        link = await Link.open(self.url, self._token)
+        if self._closing:  # close() ran while the handshake was under way
+            await link.close()
+            raise ConnectionClosed("the subscriber is closed")
+        self._link = link
+        self._opened = True
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
@@ -105,7 +116,10 @@ class Subscriber:
         while not self._closing:
             if self._link is None:
                 try:
-                    await self._reconnect_with_backoff()
+                    if self._opened:
+                        await self._reconnect_with_backoff()
+                    else:
+                        await self._open_first()
                 except ConnectionClosed:
                     if self._closing:
                         return

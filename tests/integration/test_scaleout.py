@@ -1,58 +1,71 @@
-"""Two gateway processes sharing topics through one real Redis (DESIGN decision 7)."""
+"""Two gateway processes sharing topics through one real Redis (DESIGN decision 7).
+
+Publishers are on process A; subscribers of every policy are on both A and B,
+so each policy is checked for local delivery (A) and relayed delivery (B).
+Topics never touch the database, so each process has its own SQLite file (one
+file per process, as docs/operations.md demands) holding the same token: these
+tests need Redis and nothing else.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import sqlite3
+import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.databases import manage, sqlite_database
 from tests.integration.harness import GatewayProcess, Socket, ahttp, unique
 from tests.integration.test_fanout import collect
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
+BLOCK = "block"
 
 
-def redis_unavailable() -> str | None:
-    """Why Redis cannot be used, or None."""
-    import socket
-
-    try:
-        with socket.create_connection(("127.0.0.1", 6379), timeout=2):
-            return None
-    except OSError as exc:
-        return f"Redis at 127.0.0.1:6379 is not reachable: {exc}"
+@pytest.fixture(scope="module")
+def cluster(redis_url: str) -> Iterator[tuple[GatewayProcess, GatewayProcess, str]]:
+    """Gateways A and B on one Redis, with a tiny relay channel, and an admin token."""
+    var = Path(tempfile.mkdtemp(prefix="leasecast-scaleout-"))
+    with sqlite_database(var) as env:
+        token = manage(env, "issue_token", "scaleout", "--scope", "admin").strip().splitlines()[-1]
+        env.update(
+            REDIS_URL=redis_url,
+            # Groups of this run only: others may run these tests on the same Redis.
+            GATEWAY_REDIS_PREFIX=f"lctest{uuid.uuid4().hex[:8]}",
+            GATEWAY_REDIS_CAPACITY="20",
+            GATEWAY_BLOCK_WAIT="1",
+        )
+        b_file = var / "b.sqlite3"
+        with (
+            closing(sqlite3.connect(env["GATEWAY_SQLITE_PATH"])) as source,
+            closing(sqlite3.connect(b_file)) as target,
+        ):
+            source.backup(target)  # B's own database, with the same token
+        a = GatewayProcess(env, var, name="a")
+        b = GatewayProcess({**env, "GATEWAY_SQLITE_PATH": str(b_file)}, var, name="b")
+        a.start()
+        b.start()
+        yield a, b, token
+        a.stop()
+        b.stop()
 
 
 @pytest.fixture(scope="module")
 def pair(
-    postgres_env: tuple[dict[str, str], Path],
-) -> Iterator[tuple[GatewayProcess, GatewayProcess]]:
-    """Gateways A and B on one PostgreSQL and one Redis, with a tiny relay channel."""
-    reason = redis_unavailable()
-    if reason:
-        pytest.skip(reason)
-    env, var = postgres_env
-    env = {
-        **env,
-        "REDIS_URL": REDIS_URL,
-        "GATEWAY_REDIS_PREFIX": f"lctest{uuid.uuid4().hex[:8]}",
-        "GATEWAY_REDIS_CAPACITY": "20",
-        "GATEWAY_BLOCK_WAIT": "1",
-    }
-    a, b = GatewayProcess(env, var, name="a"), GatewayProcess(env, var, name="b")
-    a.start()
-    b.start()
-    yield a, b
-    a.stop()
-    b.stop()
+    cluster: tuple[GatewayProcess, GatewayProcess, str],
+) -> tuple[GatewayProcess, GatewayProcess]:
+    return cluster[0], cluster[1]
 
 
 @pytest.fixture(scope="module")
-def token(pair: tuple[GatewayProcess, GatewayProcess]) -> str:
-    return pair[0].issue_token("admin", name="scaleout")
+def token(cluster: tuple[GatewayProcess, GatewayProcess, str]) -> str:
+    return cluster[2]
 
 
 async def sub(gw: GatewayProcess, token: str, topic: str, **params: object) -> Socket:
@@ -60,56 +73,161 @@ async def sub(gw: GatewayProcess, token: str, topic: str, **params: object) -> S
     return await Socket.open(f"{gw.ws}/ws/topics/{topic}/?{query}", token)
 
 
-async def settle() -> None:
-    """Let group joins reach Redis."""
-    await asyncio.sleep(0.5)
+async def publish(p: Socket, topic: str, body: Any) -> None:
+    reply = await p.request({"op": "publish", "topic": topic, "body": body}, timeout=20)
+    assert reply["op"] == "published", reply
 
 
-async def test_publish_on_one_process_reaches_subscribers_on_both_with_every_policy(
+async def b_hears_a(p: Socket, topic: str, listener: Socket) -> None:
+    """Wait until ``listener`` (the first subscriber of ``topic`` on B) gets A's publishes.
+
+    B joins the topic's Redis group in the background after its first local
+    subscriber; publishes from A before that never reach B. Probes are
+    published until one arrives, then a fence: the relay keeps order, so once
+    the fence is read no probe is left in flight and later subscribers on B
+    see only the test's own messages.
+    """
+    deadline = asyncio.get_running_loop().time() + 20
+    while True:
+        await publish(p, topic, {"probe": "ping"})
+        try:
+            await listener.next(timeout=0.25)
+            break
+        except TimeoutError:
+            assert asyncio.get_running_loop().time() < deadline, "B never joined the topic"
+    await publish(p, topic, {"probe": "fence"})
+    while True:
+        frame = await listener.next(timeout=10)
+        assert frame["op"] == "messages" and frame["dropped"] == 0, frame
+        if {"probe": "fence"} in [it["body"] for it in frame["items"]]:
+            return
+
+
+def in_order(items: list[dict[str, Any]]) -> list[Any]:
+    """The bodies of ``items``, after checking that their seqs increase strictly."""
+    seqs = [it["seq"] for it in items]
+    assert all(x < y for x, y in itertools.pairwise(seqs)), seqs
+    return [it["body"] for it in items]
+
+
+async def until_closed(s: Socket) -> tuple[list[Any], int]:
+    """Every body and drop reported to ``s`` until the gateway closes it."""
+    bodies: list[Any] = []
+    dropped = 0
+    while True:
+        try:
+            frame = await s.next(timeout=20)
+        except ConnectionError:
+            return bodies, dropped
+        assert frame["op"] == "messages", frame
+        bodies += in_order(frame["items"])
+        dropped += frame["dropped"]
+
+
+async def trickle(s: Socket, n: int) -> tuple[list[Any], int]:
+    """Read ``n`` messages granting one credit at a time: a reader slower than the publisher."""
+    items: list[dict[str, Any]] = []
+    dropped = 0
+    while len(items) < n:
+        await s.send({"op": "credit", "n": 1})
+        frame = await s.next(timeout=20)
+        assert frame["op"] == "messages", frame
+        items += frame["items"]
+        dropped += frame["dropped"]
+    return in_order(items), dropped
+
+
+async def socket_rows(gw: GatewayProcess, token: str, topic: str) -> list[dict[str, Any]]:
+    """The live state of ``gw``'s subscriber sockets of ``topic``."""
+    status, stats = await ahttp("GET", f"{gw.http}/api/stats", token)
+    assert status == 200, stats
+    return [s for s in stats["sockets"] if s.get("topic") == topic]
+
+
+async def test_every_drop_policy_on_both_processes(
     pair: tuple[GatewayProcess, GatewayProcess], token: str
 ) -> None:
     a, b = pair
     topic = unique("t")
+    n = 10
     async with (
-        await sub(a, token, topic) as on_a,
-        await sub(b, token, topic) as on_b,
-        await sub(b, token, topic, capacity=3, credit=0) as small_b,
-        await sub(b, token, topic, capacity=3, credit=0, on_full="drop_newest") as newest_b,
+        await sub(b, token, topic) as plain_b,
         await Socket.open(f"{a.ws}/ws/produce/", token) as p,
     ):
-        await settle()
-        for i in range(10):
-            assert (await p.request({"op": "publish", "topic": topic, "body": i}))[
-                "op"
-            ] == "published"
-        for s in (on_a, on_b):
-            items, dropped = await collect(s, 10)
-            assert [it["body"] for it in items] == list(range(10)) and dropped == 0
-        await small_b.send({"op": "credit", "n": 10})
-        items, dropped = await collect(small_b, 3)
-        assert [it["body"] for it in items] == [7, 8, 9] and dropped == 7
-        await newest_b.send({"op": "credit", "n": 10})
-        items, dropped = await collect(newest_b, 3)
-        assert [it["body"] for it in items] == [0, 1, 2] and dropped == 7
+        await b_hears_a(p, topic, plain_b)
+        async with (
+            await sub(a, token, topic) as plain_a,
+            await sub(a, token, topic, capacity=3, credit=0) as oldest_a,
+            await sub(b, token, topic, capacity=3, credit=0) as oldest_b,
+            await sub(a, token, topic, capacity=3, credit=0, on_full="drop_newest") as newest_a,
+            await sub(b, token, topic, capacity=3, credit=0, on_full="drop_newest") as newest_b,
+        ):
+            for i in range(n):
+                await publish(p, topic, i)
+            # Unlimited subscribers on both get everything, in order. B fans a
+            # relayed message out to all its buffers at once, so once plain_b
+            # has all ten, so have B's small buffers.
+            for s in (plain_a, plain_b):
+                items, dropped = await collect(s, n)
+                assert in_order(items) == list(range(n)) and dropped == 0
+            for s in (oldest_a, oldest_b, newest_a, newest_b):
+                await s.send({"op": "credit", "n": n})
+            for s in (oldest_a, oldest_b):  # the 3 newest, the 7 older ones counted
+                items, dropped = await collect(s, 3)
+                assert (in_order(items), dropped) == ([7, 8, 9], 7)
+            for s in (newest_a, newest_b):  # the 3 oldest, the 7 newer ones counted
+                items, dropped = await collect(s, 3)
+                assert (in_order(items), dropped) == ([0, 1, 2], 7)
+            for s in (oldest_a, oldest_b, newest_a, newest_b):
+                await s.quiet(0.3)  # nothing more: no repeat, no late drop report
+            # Each process counted its own sockets' drops by cause.
+            for gw in (a, b):
+                rows = await socket_rows(gw, token, topic)
+                counts = sorted(
+                    (r["policy"], r["capacity"], r["dropped_oldest"], r["dropped_newest"])
+                    for r in rows
+                )
+                assert counts == [
+                    ("drop_newest", 3, 0, 7),
+                    ("drop_oldest", 3, 7, 0),
+                    ("drop_oldest", 1024, 0, 0),
+                ], (gw.name, rows)
+                assert all(r["dropped_relay"] == 0 for r in rows), rows
 
 
-async def test_block_subscriber_on_the_other_process_gets_all_or_4008(
+async def test_block_subscribers_on_both_processes_get_all_in_order_or_4008(
     pair: tuple[GatewayProcess, GatewayProcess], token: str
 ) -> None:
     a, b = pair
     topic = unique("t")
-    patient = await sub(b, token, topic, capacity=2, credit=0, on_full="block")
-    stuck = await sub(b, token, topic, capacity=2, credit=0, on_full="block")
-    async with await Socket.open(f"{a.ws}/ws/produce/", token) as p:
-        await settle()
-        for i in range(3):
-            await p.request({"op": "publish", "topic": topic, "body": i})
-        await patient.send({"op": "credit", "n": 100})
-        items, dropped = await collect(patient, 3)
-        assert [it["body"] for it in items] == [0, 1, 2] and dropped == 0
-        await asyncio.wait_for(stuck.reader, 10)
-        assert stuck.conn.close_code == 4008
-    await patient.close()
+    n = 8
+    async with (
+        await sub(b, token, topic) as plain_b,
+        await Socket.open(f"{a.ws}/ws/produce/", token) as p,
+    ):
+        await b_hears_a(p, topic, plain_b)
+        async with (
+            await sub(a, token, topic, capacity=2, credit=0, on_full=BLOCK) as patient_a,
+            await sub(b, token, topic, capacity=2, credit=0, on_full=BLOCK) as patient_b,
+            await sub(a, token, topic, capacity=2, credit=0, on_full=BLOCK) as stuck_a,
+            await sub(b, token, topic, capacity=2, credit=0, on_full=BLOCK) as stuck_b,
+        ):
+            # The patient ones read one at a time, so publishes wait for their
+            # room; the stuck ones never grant credit: after the block wait
+            # (1 s) each is closed with 4008 and the publishes go on.
+            readers = [asyncio.create_task(trickle(s, n)) for s in (patient_a, patient_b)]
+            for i in range(n):
+                await publish(p, topic, i)
+            for got, dropped in await asyncio.gather(*readers):
+                assert (got, dropped) == (list(range(n)), 0)
+            for s in (stuck_a, stuck_b):
+                await asyncio.wait_for(s.reader, 20)
+                assert s.conn.close_code == 4008
+            items, dropped = await collect(plain_b, n)
+            assert (in_order(items), dropped) == (list(range(n)), 0)
+            # The patient ones were never cut off, and nothing more comes.
+            for s in (patient_a, patient_b):
+                await s.quiet(0.3)
 
 
 async def test_relay_overflow_disconnects_block_and_counts_drops_never_a_silent_gap(
@@ -117,29 +235,46 @@ async def test_relay_overflow_disconnects_block_and_counts_drops_never_a_silent_
 ) -> None:
     a, b = pair
     topic = unique("t")
+    total = 500
+    counter_b = await sub(b, token, topic, capacity=10_000, credit=1_000_000)
+    p = await Socket.open(f"{a.ws}/ws/produce/", token)
+    await b_hears_a(p, topic, counter_b)
     # B's relay stalls behind a full block subscriber for the 1 s block wait,
     # while A publishes far more than B's relay channel (20) holds.
-    blocker = await sub(b, token, topic, capacity=1, credit=0, on_full="block")
-    counter = await sub(b, token, topic, capacity=10_000, credit=1_000_000)
-    await settle()
-    bodies = [{"body": i} for i in range(500)]
-    status, _ = await ahttp(
+    blocker_b = await sub(b, token, topic, capacity=1, credit=0, on_full=BLOCK)
+    # A block subscriber on B that always has room: it must not get a gap
+    # either, so the relay's loss disconnects it.
+    roomy_b = await sub(b, token, topic, capacity=10_000, credit=1_000_000, on_full=BLOCK)
+    # On A, where the publish happens, nothing is lost, whatever B suffers.
+    counter_a = await sub(a, token, topic, capacity=10_000, credit=1_000_000)
+    roomy_a = await sub(a, token, topic, capacity=10_000, credit=1_000_000, on_full=BLOCK)
+    bodies = [{"body": i} for i in range(total)]
+    status, reply = await ahttp(
         "POST", f"{a.http}/api/topics/{topic}/messages", token, {"messages": bodies}
     )
-    assert status == 200
-    await asyncio.wait_for(blocker.reader, 15)
-    assert blocker.conn.close_code == 4008
+    assert (status, reply) == (200, {"published": total})
+    await asyncio.wait_for(blocker_b.reader, 20)
+    assert blocker_b.conn.close_code == 4008
     got: list[int] = []
     dropped = 0
-    while len(got) + dropped < 500:
-        frame = await counter.next(timeout=15)
-        got += [it["body"] for it in frame["items"]]
+    while len(got) + dropped < total:
+        frame = await counter_b.next(timeout=20)
+        got += in_order(frame["items"])
         dropped += frame["dropped"]
     assert dropped > 0  # the relay lost messages, and said so
-    assert got == sorted(got) and len(got) + dropped == 500
+    assert got == sorted(got) and len(got) + dropped == total
+    # The roomy block subscriber on B got a gapless start, then 4008: never a silent gap.
+    before, roomy_dropped = await until_closed(roomy_b)
+    assert roomy_b.conn.close_code == 4008
+    assert before == list(range(len(before))) and roomy_dropped == 0
     _, stats = await ahttp("GET", f"{b.http}/api/stats", token)
     assert stats["process"]["relay"]["lost"] >= dropped
-    await counter.close()
+    for s in (counter_a, roomy_a):
+        items, lost = await collect(s, total)
+        assert (in_order(items), lost) == (list(range(total)), 0)
+        await s.quiet(0.3)  # still open: A's block subscriber was never cut off
+    for s in (counter_b, p, counter_a, roomy_a):
+        await s.close()
 
 
 async def test_dashboard_shows_and_disconnects_sockets_of_every_process(

@@ -135,28 +135,39 @@ async def test_nack_with_delay_then_redelivered_in_original_place(
     gateway: GatewayProcess, admin_token: str
 ) -> None:
     q = unique()
+    delay = 2.0
     async with (
         await producer(gateway, admin_token) as p,
         await worker(gateway, admin_token, q, prefetch=1) as w,
     ):
         await enqueue(p, q, "first")
         (d,) = await w.deliveries(1)
-        started = time.monotonic()
-        assert (await w.request({"op": "nack", "receipt": d["receipt"], "delay": 0.8}))[
-            "op"
-        ] == "nacked"
+        # Newer messages, waiting while the worker is full.
         await enqueue(p, q, "second")
+        await enqueue(p, q, "third")
+        started = time.monotonic()
+        reply = await w.request({"op": "nack", "receipt": d["receipt"], "delay": delay})
+        assert reply["op"] == "nacked"
+        # While "first" is delayed, the freed slot takes the next visible message.
         (d2,) = await w.deliveries(1)
         assert d2["body"] == "second"
-        await enqueue(p, q, "third")
+        # Hold "second" until "first" is due: then "first" and the newer
+        # "third" are both visible, and only their places decide what comes next.
+        deadline = time.monotonic() + 30
+        while True:
+            s = await stats(gateway, admin_token, q)
+            if (s["visible"], s["delayed"], s["in_flight"]) == (2, 0, 1):
+                break
+            assert (s["visible"], s["delayed"], s["in_flight"]) == (1, 1, 1), s
+            assert time.monotonic() < deadline, s
+            await asyncio.sleep(0.1)
+        assert time.monotonic() - started >= delay  # never visible before its delay
         await w.request({"op": "ack", "receipt": d2["receipt"]})
-        # "first" is due again after 0.8 s and comes back ahead of "third".
         (again,) = await w.deliveries(1)
-        if again["body"] == "third":  # delivered before the delay ran out: fine, order later
-            await w.request({"op": "ack", "receipt": again["receipt"]})
-            (again,) = await w.deliveries(1)
-        assert again["body"] == "first" and again["deliveries"] == 2
-        assert time.monotonic() - started >= 0.8  # never before its delay
+        assert (again["body"], again["id"], again["deliveries"]) == ("first", d["id"], 2)
+        await w.request({"op": "ack", "receipt": again["receipt"]})
+        (last,) = await w.deliveries(1)
+        assert (last["body"], last["deliveries"]) == ("third", 1)
 
 
 async def test_nack_without_delay_keeps_place_ahead_of_newer(
