@@ -19,6 +19,14 @@ from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
+from consumers.limits import (
+    CLOSE_TOO_MANY_SOCKETS,
+    RateLimited,
+    frame_cost,
+    get_limiter,
+    limit_key,
+    too_many_sockets,
+)
 from dashboard.live import get_exchange
 from gateway.auth import PRINCIPAL_KEY
 from gateway.broadcast import get_broadcaster
@@ -99,11 +107,15 @@ class GatewaySocket(AsyncWebsocketConsumer):
         self._writer: asyncio.Task[None] | None = None
         self._close_code: int | None = None
         self._open = False
+        self._slot_held = False
         principal = self.scope.get(PRINCIPAL_KEY)
         if principal is None:
             await self.close()  # before accept: the handshake is refused with 403
             return
         self.principal = principal
+        self.limiter = get_limiter()
+        self.limit_key = limit_key(principal)
+        self._rated = self.limiter.limits.limits_rate
         self.sid = next(_socket_ids)
         self.connected_at = time.time()
         self._verdicts: dict[tuple[str, str], bool] = {}
@@ -120,6 +132,14 @@ class GatewaySocket(AsyncWebsocketConsumer):
             code = CLOSE_FORBIDDEN if isinstance(exc, Forbidden) else CLOSE_INVALID
             await self.close(code=code)
             return
+        if not self.limiter.open_socket(self.limit_key).admitted:
+            # Over the token's socket limit: told why, then closed (docs/protocol.md).
+            await self.accept()
+            refusal = too_many_sockets(principal)
+            await self.send(text_data=encode_error(refusal.code, refusal.detail))
+            await self.close(code=CLOSE_TOO_MANY_SOCKETS)
+            return
+        self._slot_held = True
         await self.accept()
         self._open = True
         self._writer = asyncio.create_task(self._write_loop())
@@ -127,6 +147,9 @@ class GatewaySocket(AsyncWebsocketConsumer):
         self.opened()
 
     async def disconnect(self, code: int) -> None:
+        if self._slot_held:
+            self._slot_held = False
+            self.limiter.close_socket(self.limit_key)
         if self._open:
             self._open = False
             self.engine.sockets.discard(self)
@@ -163,16 +186,35 @@ class GatewaySocket(AsyncWebsocketConsumer):
             await self.close(code=CLOSE_TOO_BIG)
             return
         ref: Ref = None
+        charged = False
         try:
             obj = decode_object(text_data)
             ref = read_ref(obj)
             frame = parse_frame(obj, self.ops, self.conf.limits)
+            if self._rated:
+                charged = True
+                self._charge(frame_cost(frame))
             self.handle(frame)
+        except RateLimited as exc:
+            self.push(encode(exc.frame(), ref))
         except ProtocolError as exc:
+            if self._rated and not charged:
+                # A bad frame costs one message too, so a flood of them is
+                # bounded like any other; over the rate it is told that instead.
+                decision = self.limiter.admit(self.limit_key, 1)
+                if not decision.admitted:
+                    self.push(encode(RateLimited(self.principal, decision).frame(), ref))
+                    return
             self.push(encode_error(exc.code, exc.detail, ref))
         except Exception:
             log.exception("%s socket failed on a frame", self.kind)
             self.push(encode_error("unavailable", "internal error; nothing was applied", ref))
+
+    def _charge(self, cost: int) -> None:
+        """Charge ``cost`` messages to the caller's rate, or raise :class:`RateLimited`."""
+        decision = self.limiter.admit(self.limit_key, cost)
+        if not decision.admitted:
+            raise RateLimited(self.principal, decision)
 
     def handle(self, frame: ClientFrame) -> None:
         """Act on one parsed frame (raise ProtocolError to answer with an error)."""

@@ -12,6 +12,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
+from consumers.limits import RateLimited, get_limiter, limit_key
 from gateway.auth import principal_for_token, principal_for_user, token_from_headers
 from gateway.broadcast import get_broadcaster
 from gateway.conf import gateway_settings
@@ -47,7 +48,10 @@ TXN_RE = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 
 def error_response(exc: ProtocolError) -> JsonResponse:
     """``{"error": CODE, "detail": ...}`` with the code's HTTP status."""
-    return JsonResponse({"error": exc.code, "detail": exc.detail}, status=exc.http_status)
+    response = JsonResponse({"error": exc.code, "detail": exc.detail}, status=exc.http_status)
+    if isinstance(exc, RateLimited):
+        response["Retry-After"] = exc.retry_after_header()
+    return response
 
 
 def _json(data: Any, status: int = 200) -> HttpResponse:
@@ -69,14 +73,27 @@ async def _principal(request: HttpRequest) -> Principal:
     user = await request.auser()
     principal = principal_for_user(user)
     if principal is None:
+        if user is not None and user.is_authenticated:
+            raise Forbidden("the API takes staff sessions only; this user is not staff")
         raise Unauthorized("send 'Authorization: Bearer TOKEN' or log in as staff")
     if request.method not in ("GET", "HEAD", "OPTIONS"):
+        # The dashboard's purge and redrive: a session alone is not enough for
+        # a change, or any page the staff user visits could make it.
         refused = CsrfViewMiddleware(lambda r: HttpResponse()).process_view(
             request, lambda r: HttpResponse(), (), {}
         )
         if refused is not None:
-            raise Unauthorized("CSRF check failed for a session-authenticated request")
+            raise Forbidden("CSRF check failed: a session-authenticated change needs X-CSRFToken")
     return principal
+
+
+def _charge(principal: Principal, cost: int) -> None:
+    """Charge ``cost`` messages to the caller's rate, or raise ``backpressure`` (429)."""
+    if cost <= 0:
+        return
+    decision = get_limiter().admit(limit_key(principal), cost)
+    if not decision.admitted:
+        raise RateLimited(principal, decision)
 
 
 def api(*methods: str) -> Callable[[View], View]:
@@ -86,12 +103,16 @@ def api(*methods: str) -> Callable[[View], View]:
         @csrf_exempt  # bearer-token clients have no CSRF token; sessions are checked above
         @functools.wraps(view)
         async def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-            if request.method not in methods:
-                return JsonResponse(
-                    {"error": "bad_frame", "detail": f"use {' or '.join(methods)}"}, status=405
-                )
             try:
+                # Who first: without a token or a staff session, every method of
+                # every endpoint is 401 (tests/integration/test_access.py).
                 principal = await _principal(request)
+                if request.method not in methods:
+                    return JsonResponse(
+                        {"error": "bad_frame", "detail": f"use {' or '.join(methods)}"},
+                        status=405,
+                    )
+                _charge(principal, 1)
                 return await view(request, principal, *args, **kwargs)
             except ProtocolError as exc:
                 return error_response(exc)
@@ -158,6 +179,7 @@ async def queue_messages(request: HttpRequest, principal: Principal, queue: str)
     check_name(queue)
     principal.require("enqueue", queue)
     specs = _messages(_body(request), allow_empty=False)
+    _charge(principal, len(specs) - 1)  # the request paid for one
     results = await get_engine().call(Enqueue(queue, specs))
     return _json({"results": [r.as_json() for r in results]})
 
@@ -197,6 +219,7 @@ async def topic_messages(request: HttpRequest, principal: Principal, topic: str)
     check_name(topic, "topic")
     principal.require("publish", topic)
     bodies = [spec.body_json for spec in _messages(_body(request), allow_empty=False)]
+    _charge(principal, len(bodies) - 1)  # the request paid for one
     broadcaster = get_broadcaster()
     for body in bodies:
         if broadcaster.publish_now(topic, body) is None:
@@ -220,6 +243,7 @@ async def txn_partition(
     queue = check_name(data.get("queue"))
     principal.require("enqueue", queue)
     specs = _messages(data, allow_empty=True)  # a partition may stage nothing
+    _charge(principal, len(specs) - 1)  # the request paid for one
     result = await get_engine().call(Stage(txn, partition, queue, specs))
     return _json({"staged": result.messages, "state": result.state, "already": result.already})
 

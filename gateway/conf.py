@@ -9,6 +9,7 @@ from django.conf import settings
 
 from gateway.leases import QueueSettings
 from gateway.protocol import Limits
+from gateway.ratelimit import RateLimits
 
 __all__ = ["GatewaySettings", "gateway_settings"]
 
@@ -26,6 +27,10 @@ class GatewaySettings:
     queue_settings_ttl: float = 2.0
     # -- auth
     token_cache_ttl: float = 5.0
+    allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ("127.0.0.1", "localhost", "[::1]")
+    # -- per-token limits (off by default)
+    token_limits: RateLimits = field(default_factory=RateLimits)
     # -- queue defaults (protocol: Work queue)
     default_queue: QueueSettings = field(default_factory=QueueSettings)
 
@@ -45,6 +50,13 @@ def gateway_settings() -> GatewaySettings:
         max_backlog=settings.GATEWAY_MAX_BACKLOG,
         queue_settings_ttl=settings.GATEWAY_QUEUE_SETTINGS_TTL,
         token_cache_ttl=settings.GATEWAY_TOKEN_CACHE_TTL,
+        allowed_origins=tuple(settings.GATEWAY_ALLOWED_ORIGINS),
+        allowed_hosts=tuple(settings.ALLOWED_HOSTS),
+        token_limits=RateLimits(
+            max_sockets=settings.GATEWAY_TOKEN_MAX_SOCKETS,
+            rate=settings.GATEWAY_TOKEN_RATE,
+            burst=settings.GATEWAY_TOKEN_BURST,
+        ),
         default_queue=QueueSettings(
             visibility_timeout=settings.GATEWAY_DEFAULT_VISIBILITY_TIMEOUT,
             max_deliveries=settings.GATEWAY_DEFAULT_MAX_DELIVERIES,

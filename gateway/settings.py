@@ -4,6 +4,12 @@ With nothing set, Leasecast runs on the embedded default: SQLite under ``var/``
 and the in-memory channel layer (DESIGN decision 10). ``DATABASE_URL`` selects
 PostgreSQL, ``REDIS_URL`` selects ``channels_redis``; ``GATEWAY_*`` variables
 set the knobs that ``gateway.conf`` reads (see docs/operations.md).
+
+``GATEWAY_ENV=production`` is the switch for a real deployment: it refuses
+to start (``ImproperlyConfigured``) with ``GATEWAY_DEBUG`` on or without a
+real ``SECRET_KEY`` from the environment, and turns the per-token limits on
+at their production defaults. Unset, it is ``development``: ``make run``'s
+embedded default, with a secret key made once under ``var/``.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from pathlib import Path
 
 import dj_database_url
 import django_stubs_ext
+from django.core.exceptions import ImproperlyConfigured
 
 # Lets type hints such as ModelAdmin[Queue] run, not only type-check.
 django_stubs_ext.monkeypatch()
@@ -29,9 +36,40 @@ def _env_bool(name: str, default: bool) -> bool:
     return value.strip().lower() in {"1", "true", "yes", "on"}
 
 
+def _env_number(name: str, default: float) -> float:
+    """A number >= 0 from the environment; a bad value stops the start with its name."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from None
+    if value < 0:
+        raise ImproperlyConfigured(f"{name} must be >= 0 (0 turns the limit off), got {raw!r}")
+    return value
+
+
+# -- environment: development (the embedded default) or production ----------
+
+ENVIRONMENTS = ("development", "production")
+GATEWAY_ENV = os.environ.get("GATEWAY_ENV", "").strip().lower() or "development"
+if GATEWAY_ENV not in ENVIRONMENTS:
+    raise ImproperlyConfigured(
+        f"GATEWAY_ENV must be one of {', '.join(ENVIRONMENTS)}, got {GATEWAY_ENV!r}"
+    )
+PRODUCTION = GATEWAY_ENV == "production"
+
+#: The shortest secret key production accepts (Django's own deploy check asks for 50).
+MIN_SECRET_KEY_LENGTH = 50
+
+
 def _secret_key() -> str:
-    """``SECRET_KEY`` from the environment, else one made once and kept in var/."""
-    key = os.environ.get("SECRET_KEY") or os.environ.get("DJANGO_SECRET_KEY")
+    """``SECRET_KEY`` from the environment, else (development only) one kept in var/."""
+    key = os.environ.get("SECRET_KEY") or os.environ.get("DJANGO_SECRET_KEY") or ""
+    if PRODUCTION:
+        _check_production_secret_key(key)
+        return key
     if key:
         return key
     VAR_DIR.mkdir(parents=True, exist_ok=True)
@@ -42,8 +80,30 @@ def _secret_key() -> str:
     return path.read_text().strip()
 
 
+def _check_production_secret_key(key: str) -> None:
+    """Refuse a missing, short, repetitive or Django-generated-insecure key."""
+    where = (
+        "set SECRET_KEY in the environment, e.g. to the output of "
+        "`python -c 'import secrets; print(secrets.token_urlsafe(50))'`"
+    )
+    if not key:
+        raise ImproperlyConfigured(
+            f"GATEWAY_ENV=production needs a real secret key: SECRET_KEY is not set ({where})"
+        )
+    if len(key) < MIN_SECRET_KEY_LENGTH or len(set(key)) < 5 or key.startswith("django-insecure-"):
+        raise ImproperlyConfigured(
+            f"GATEWAY_ENV=production needs a real secret key: SECRET_KEY must be at least "
+            f"{MIN_SECRET_KEY_LENGTH} random characters, not a placeholder ({where})"
+        )
+
+
 SECRET_KEY = _secret_key()
 DEBUG = _env_bool("GATEWAY_DEBUG", False)
+if PRODUCTION and DEBUG:
+    raise ImproperlyConfigured(
+        "GATEWAY_ENV=production refuses to start with GATEWAY_DEBUG on: debug pages show "
+        "settings and stack frames to anyone. Unset GATEWAY_DEBUG."
+    )
 ALLOWED_HOSTS = os.environ.get("GATEWAY_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",")
 
 INSTALLED_APPS = [
@@ -174,3 +234,20 @@ GATEWAY_DEFAULT_MAX_DELIVERIES = int(os.environ.get("GATEWAY_DEFAULT_MAX_DELIVER
 GATEWAY_DEFAULT_DEDUP_WINDOW = float(os.environ.get("GATEWAY_DEFAULT_DEDUP_WINDOW", 300.0))
 GATEWAY_SERVE_STATIC = _env_bool("GATEWAY_SERVE_STATIC", True)
 GATEWAY_BLOCK_WAIT = float(os.environ.get("GATEWAY_BLOCK_WAIT", 10.0))
+
+# -- access control (docs/operations.md, Security) -----------------------------
+
+# Browser sockets (authenticated by the session cookie) must come from the
+# page's own origin (Origin matches Host, and Host is in ALLOWED_HOSTS) or
+# from one of these exact origins, e.g. "https://ops.example.com".
+GATEWAY_ALLOWED_ORIGINS = [
+    origin.strip().rstrip("/").lower()
+    for origin in os.environ.get("GATEWAY_ALLOWED_ORIGINS", "").split(",")
+    if origin.strip()
+]
+# Per-token limits on each gateway process; 0 turns one off. Off in
+# development (tests and benchmarks run one token at full speed); on in
+# production at these defaults unless set.
+GATEWAY_TOKEN_MAX_SOCKETS = int(_env_number("GATEWAY_TOKEN_MAX_SOCKETS", 1000 if PRODUCTION else 0))
+GATEWAY_TOKEN_RATE = _env_number("GATEWAY_TOKEN_RATE", 20_000.0 if PRODUCTION else 0.0)
+GATEWAY_TOKEN_BURST = _env_number("GATEWAY_TOKEN_BURST", 0.0)  # 0: two seconds of the rate

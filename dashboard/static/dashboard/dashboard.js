@@ -191,7 +191,7 @@ function render(snapshot) {
       socketRows.push(el("tr", { class: hot ? "hot" : "", "data-kind": s.kind, "data-name": s.queue || s.topic || "" },
         el("td", {}, el("span", { class: "tag" }, process.name)),
         el("td", {}, s.kind), el("td", {}, s.queue || s.topic || "–"), el("td", {}, s.client),
-        el("td", {}, since), el("td", {}, state), el("td", {}, moved), el("td", { class: "num" }, dropped),
+        el("td", { class: "principal" }, s.principal || ""), el("td", {}, since), el("td", {}, state), el("td", {}, moved), el("td", { class: "num" }, dropped),
         el("td", { class: "num" }, perSecond),
         el("td", {}, el("button", { class: "danger", onclick: () => disconnect(process.name, s.id) }, "disconnect"))));
     }
