@@ -211,6 +211,9 @@ class Dispatcher:
         self.published: dict[str, int] = {}  # per-topic publish counter
         self.publish_rate: dict[str, RateMeter] = {}
         self._ready: dict[int, Subscription] = {}  # insertion-ordered: the DRR ring
+        # The subscriber whose turn the last drain's budget cut short: it is at
+        # the head of the ring and goes on with its deficit, no new quantum.
+        self._resume: int | None = None
         self._next_sid = 0
 
     # -- membership
@@ -238,6 +241,8 @@ class Dispatcher:
             if not members:
                 del self.topics[sub.topic]
         self._ready.pop(sid, None)
+        if self._resume == sid:
+            self._resume = None
         sub.buffer.clear()
         return sub
 
@@ -346,7 +351,10 @@ class Dispatcher:
                 if budget <= 0:
                     break
                 sub = self._ready[sid]
-                sub.deficit += self.quantum * sub.weight
+                if sid == self._resume:
+                    self._resume = None
+                else:
+                    sub.deficit += self.quantum * sub.weight
                 items, dropped = sub.take(min(sub.deficit, budget))
                 sub.deficit -= len(items)
                 budget -= len(items)
@@ -356,6 +364,13 @@ class Dispatcher:
                     served[sid] = (sub, earlier + items, earlier_dropped + dropped)
                 else:
                     served[sid] = (sub, items, dropped)
+                if budget <= 0 and sub.deficit and sub.sendable:
+                    # The budget ended this turn early: it stays at the head and
+                    # the next drain finishes it. (Going to the back with its
+                    # deficit, a subscriber cut short drain after drain would
+                    # pile up deficit and later take far more than its weight.)
+                    self._resume = sid
+                    break
                 # Rotate: whoever was served goes to the back of the ring.
                 del self._ready[sid]
                 if sub.sendable:

@@ -110,15 +110,26 @@ def format_receipt(msg_id: int, lease_token: int) -> str:
     return f"{msg_id}.{lease_token:x}"
 
 
+#: Ids and lease tokens are stored as signed 64-bit integers.
+_MAX_STORED_INT = 2**63 - 1
+
+
 def parse_receipt(receipt: str) -> tuple[int, int] | None:
-    """Split a receipt into ``(msg_id, lease_token)``, or None if it is not one of ours."""
+    """Split a receipt into ``(msg_id, lease_token)``, or None if it is not one of ours.
+
+    Numbers the database cannot hold are not ours either: passed on, they would
+    fail the whole batch of statements instead of being a stale receipt.
+    """
     head, sep, tail = receipt.partition(".")
     if not sep or not head.isdigit() or not 0 < len(tail) <= 16:
         return None
     try:
-        return int(head), int(tail, 16)
+        msg_id, token = int(head), int(tail, 16)
     except ValueError:
         return None
+    if not (0 <= msg_id <= _MAX_STORED_INT and 0 <= token <= _MAX_STORED_INT):
+        return None
+    return msg_id, token
 
 
 class WorkerLeases:
