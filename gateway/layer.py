@@ -23,6 +23,13 @@ log = logging.getLogger("leasecast.layer")
 
 Handler = Callable[[dict[str, Any]], Awaitable[None]]
 
+#: How often the groups this process is in are added again (seconds). Redis
+#: forgets them when it restarts without persistence, and ``channels_redis``
+#: expires a membership ``group_expiry`` (a day by default) after it was added:
+#: a topic whose subscribers stay connected for longer would stop being
+#: relayed to this process without it.
+GROUP_REFRESH = 30.0
+
 
 class ProcessChannel:
     """This process's channel on a cross-process layer.
@@ -37,7 +44,9 @@ class ProcessChannel:
         self.ready = asyncio.Event()
         self._handlers: dict[str, Handler] = {}
         self._groups: set[str] = set()
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run())
+        self._refresher = loop.create_task(self._refresh_groups())
 
     def on(self, prefix: str, handler: Handler) -> None:
         """Call ``handler`` for messages whose type starts with ``prefix``."""
@@ -55,6 +64,19 @@ class ProcessChannel:
         self._groups.discard(group)
         await self.layer.group_discard(group, self.name)
 
+    async def _refresh_groups(self) -> None:
+        await self.ready.wait()
+        while True:
+            await asyncio.sleep(GROUP_REFRESH)
+            await self._rejoin()
+
+    async def _rejoin(self) -> None:
+        for group in list(self._groups):
+            try:
+                await self.layer.group_add(group, self.name)
+            except Exception as exc:
+                log.warning("rejoining %s failed: %s", group, exc)
+
     async def _run(self) -> None:
         self.name = await self.layer.new_channel("leasecast.process.")
         self.ready.set()
@@ -71,11 +93,7 @@ class ProcessChannel:
                 log.warning("process channel receive failed (%s); retrying", exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
-                for group in list(self._groups):  # a restarted Redis forgot them
-                    try:
-                        await self.layer.group_add(group, self.name)
-                    except Exception as again:
-                        log.warning("rejoining %s failed: %s", group, again)
+                await self._rejoin()  # a restarted Redis forgot them
                 continue
             for prefix, handler in self._handlers.items():
                 if message["type"].startswith(prefix):
