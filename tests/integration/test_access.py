@@ -790,7 +790,8 @@ def _session_payloads(values: list[str]) -> list[str]:
     for value in values:
         payload = value.split(":")[0]
         compressed = payload.startswith(".")
-        raw = base64.urlsafe_b64decode(payload.lstrip(".") + "=" * (-len(payload) % 4))
+        payload = payload.removeprefix(".")
+        raw = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
         decoded.append((zlib.decompress(raw) if compressed else raw).decode(errors="replace"))
     return decoded
 
