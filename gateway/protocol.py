@@ -277,6 +277,10 @@ def parse_enqueue_spec(obj: object, limits: Limits) -> EnqueueSpec:
             raise BadFrame("field 'key' must be a string")
         if not 1 <= len(key) <= MAX_KEY_LENGTH:
             raise Invalid(f"key must be 1-{MAX_KEY_LENGTH} characters")
+        if "\x00" in key:
+            # PostgreSQL cannot store U+0000 in text: refused here, the same
+            # on every backend, rather than failing in the store.
+            raise Invalid("key must not contain U+0000")
     return EnqueueSpec(body_json=_read_body(obj, limits), key=key, delay=_read_delay(obj))
 
 
@@ -316,8 +320,11 @@ def decode_object(text: str | bytes) -> dict[str, Any]:
         obj = orjson.loads(text)
         if isinstance(text, str) and _LONG_DIGITS.search(text):
             obj = json.loads(text, parse_constant=_reject_constant)
-    except (orjson.JSONDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # JSONDecodeError of either parser, or an int over 4300 digits
         raise BadFrame(f"not JSON: {exc}") from exc
+    except RecursionError:
+        # orjson takes 1023 levels; the exact parser runs out of stack sooner.
+        raise BadFrame("not JSON: nested too deeply") from None
     if not isinstance(obj, dict):
         raise BadFrame("a frame must be a JSON object")
     return obj
@@ -421,10 +428,19 @@ def _read_follow_ups(
 # -- server frames -------------------------------------------------------------
 
 
+_I64_MIN = -(2**63)
+_U64_MAX = 2**64 - 1
+
+
 def encode(frame: dict[str, Any], ref: Ref = None) -> str:
     """Encode a server frame, echoing ``ref`` when the client frame had one."""
     if ref is not None:
-        frame["ref"] = ref
+        if isinstance(ref, int) and not _I64_MIN <= ref <= _U64_MAX:
+            # orjson refuses integers beyond 64 bits; the ref is echoed as sent
+            # (its digits are exactly what the client wrote, decoded exactly).
+            frame["ref"] = orjson.Fragment(str(ref))
+        else:
+            frame["ref"] = ref
     return orjson.dumps(frame).decode()
 
 
