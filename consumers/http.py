@@ -296,8 +296,16 @@ async def stats(request: HttpRequest, principal: Principal) -> HttpResponse:
     broadcaster = get_broadcaster()
     data["topics"] = broadcaster.describe_topics()
     data["sockets"] = [socket.describe() for socket in engine.sockets]
+    limiter = get_limiter()
     data["process"] = engine.describe() | {
         "slow_consumers_closed": broadcaster.slow_consumers_closed,
         "relay": broadcaster.relay_figures(),
+        "token_limits": {
+            "max_sockets": limiter.limits.max_sockets,
+            "rate": limiter.limits.rate,
+            "burst": limiter.limits.capacity if limiter.limits.limits_rate else 0,
+            "refused_sockets": limiter.refused_sockets,
+            "refused_messages": limiter.refused_messages,
+        },
     }
     return _json(data)

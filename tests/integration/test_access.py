@@ -1199,6 +1199,12 @@ async def test_a_token_over_its_socket_limit_is_refused_with_backpressure(
     for s in (first, other):
         await s.close()
     assert http("GET", limited.http + "/healthz")[0] == 200
+    watcher = issue_tokens(limited, {"watcher": ["admin"]})["watcher"]
+    status, stats = http("GET", limited.http + "/api/stats", watcher)
+    assert status == 200
+    figures = stats["process"]["token_limits"]
+    assert (figures["max_sockets"], figures["rate"], figures["burst"]) == (2, 0.5, 5)
+    assert figures["refused_sockets"] >= 1
     assert "Traceback" not in limited.log_text()
 
 
