@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from gateway.client.cli import positive_int
 from spark_feed.progress import ProgressReport
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     kind = source.add_mutually_exclusive_group(required=True)
     kind.add_argument("--files", type=Path, help="a directory of JSON-lines files to stream")
     kind.add_argument(
-        "--rate", type=_positive_int, help="Spark's rate source: this many rows per second"
+        "--rate", type=positive_int, help="Spark's rate source: this many rows per second"
     )
     source.add_argument(
         "--schema",
@@ -66,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: inferred from the files present at the start)",
     )
     source.add_argument(
-        "--max-files-per-trigger", type=_positive_int, help="at most this many files a batch"
+        "--max-files-per-trigger", type=positive_int, help="at most this many files a batch"
     )
 
     sink = parser.add_argument_group("sink")
@@ -74,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     sink.add_argument("--key-column", help="a column to use as the idempotency key")
     sink.add_argument("--delay-column", help="a column of delays in seconds")
     sink.add_argument(
-        "--batch-size", type=_positive_int, default=1000, help="messages per HTTP request"
+        "--batch-size", type=positive_int, default=1000, help="messages per HTTP request"
     )
 
     run_group = parser.add_argument_group("running")
@@ -90,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="process what is there, then stop (default: run until Ctrl-C)",
     )
     run_group.add_argument(
-        "--stop-after-rows", type=_positive_int, help="stop once this many rows are written"
+        "--stop-after-rows", type=positive_int, help="stop once this many rows are written"
     )
     run_group.add_argument(
         "--trigger-seconds", type=float, default=0.0, help="start a batch at most this often"
@@ -109,16 +110,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="Spark's own logging (default FATAL: the job reports failures itself)",
     )
     return parser
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not >= 1")
-    return value
 
 
 def check_gateway(url: str, token: str, path: str) -> str | None:

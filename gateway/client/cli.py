@@ -33,7 +33,7 @@ from gateway.client.subscriber import Subscriber
 from gateway.client.worker import Worker
 from gateway.errors import LeasecastError, ProtocolError, error_for_code
 
-__all__ = ["UsageError", "build_parser", "main", "parse_bodies"]
+__all__ = ["UsageError", "build_parser", "main", "parse_bodies", "positive_int"]
 
 _DESCRIPTION = "Enqueue, consume, publish, subscribe and inspect Leasecast from a shell."
 
@@ -42,7 +42,8 @@ class UsageError(Exception):
     """Bad arguments: exit code 2."""
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1 (also used by ``python -m spark_feed``)."""
     # argparse turns ArgumentTypeError into a usage error (exit 2) naming the option.
     try:
         value = int(text)
@@ -78,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     consume = commands.add_parser("consume", help="print deliveries as JSON lines and ack them")
     consume.add_argument("queue")
-    consume.add_argument("--prefetch", type=_positive_int, default=10)
-    consume.add_argument("--count", type=_positive_int, help="stop after this many messages")
+    consume.add_argument("--prefetch", type=positive_int, default=10)
+    consume.add_argument("--count", type=positive_int, help="stop after this many messages")
 
     publish = commands.add_parser("publish", help="publish messages to a topic")
     publish.add_argument("topic")
@@ -87,8 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     subscribe = commands.add_parser("subscribe", help="print a topic's messages as JSON lines")
     subscribe.add_argument("topic")
-    subscribe.add_argument("--count", type=_positive_int, help="stop after this many messages")
-    subscribe.add_argument("--capacity", type=_positive_int, default=1024)
+    subscribe.add_argument("--count", type=positive_int, help="stop after this many messages")
+    subscribe.add_argument("--capacity", type=positive_int, default=1024)
     subscribe.add_argument(
         "--on-full", default="drop_oldest", choices=["drop_oldest", "drop_newest", "block"]
     )

@@ -8,17 +8,21 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+import uuid
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 
-from tests.databases import ROOT, manage
+from tests.databases import ROOT, manage, sqlite_database
 
 _refs = itertools.count(1)
 # daphne as `make run` starts it (gateway/serve.py).
@@ -133,6 +137,38 @@ class GatewayProcess:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+@contextmanager
+def gateways_on_redis(
+    var: Path, redis_url: str, **settings: str
+) -> Iterator[tuple[GatewayProcess, GatewayProcess, str]]:
+    """Gateways A and B sharing topics through ``redis_url``, and an admin token.
+
+    Each has its own SQLite file (docs/operations.md: never two processes on
+    one file) holding the same token; the Redis groups are this call's own, so
+    other runs on the same Redis do not interfere. ``settings`` are extra
+    environment variables of both processes (``GATEWAY_BLOCK_WAIT=...``).
+    """
+    with sqlite_database(var) as env:
+        token = manage(env, "issue_token", "pair", "--scope", "admin").strip().splitlines()[-1]
+        env.update(REDIS_URL=redis_url, GATEWAY_REDIS_PREFIX=f"lct{uuid.uuid4().hex[:8]}")
+        env.update(settings)
+        b_file = var / "b.sqlite3"
+        with (
+            closing(sqlite3.connect(env["GATEWAY_SQLITE_PATH"])) as source,
+            closing(sqlite3.connect(b_file)) as target,
+        ):
+            source.backup(target)  # B's own database, with the same token
+        a = GatewayProcess(env, var, name="a")
+        b = GatewayProcess({**env, "GATEWAY_SQLITE_PATH": str(b_file)}, var, name="b")
+        a.start()
+        try:
+            b.start()
+            yield a, b, token
+        finally:
+            a.stop()
+            b.stop()
 
 
 def http(

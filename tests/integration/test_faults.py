@@ -13,20 +13,17 @@ import contextlib
 import os
 import random
 import shutil
-import sqlite3
 import subprocess
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
-from contextlib import closing
 from pathlib import Path
 
 import pytest
 
-from tests.databases import PG_ADMIN_URL, manage, postgres_unavailable, sqlite_database
+from tests.databases import PG_ADMIN_URL, postgres_unavailable
 from tests.integration.conftest import REDIS_URL, redis_unavailable
-from tests.integration.harness import GatewayProcess, Socket, ahttp, unique
+from tests.integration.harness import GatewayProcess, Socket, ahttp, gateways_on_redis, unique
 
 ROUNDS = 20
 
@@ -248,26 +245,8 @@ def redis_pair() -> Iterator[tuple[GatewayProcess, GatewayProcess, str]]:
     if reason:
         pytest.skip(reason)
     var = Path(tempfile.mkdtemp(prefix="leasecast-redis-restart-"))
-    with sqlite_database(var) as env:
-        token = manage(env, "issue_token", "faults", "--scope", "admin").strip().splitlines()[-1]
-        env.update(
-            REDIS_URL=REDIS_URL,
-            GATEWAY_REDIS_PREFIX=f"lcfault{uuid.uuid4().hex[:8]}",
-            GATEWAY_BLOCK_WAIT="2",
-        )
-        b_file = var / "b.sqlite3"
-        with (
-            closing(sqlite3.connect(env["GATEWAY_SQLITE_PATH"])) as source,
-            closing(sqlite3.connect(b_file)) as target,
-        ):
-            source.backup(target)
-        a = GatewayProcess(env, var, name="a")
-        b = GatewayProcess({**env, "GATEWAY_SQLITE_PATH": str(b_file)}, var, name="b")
-        a.start()
-        b.start()
-        yield a, b, token
-        a.stop()
-        b.stop()
+    with gateways_on_redis(var, REDIS_URL, GATEWAY_BLOCK_WAIT="2") as pair:
+        yield pair
 
 
 class Reader:

@@ -11,18 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import sqlite3
 import tempfile
-import uuid
 from collections.abc import Iterator
-from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.databases import manage, sqlite_database
-from tests.integration.harness import GatewayProcess, Socket, ahttp, unique
+from tests.integration.harness import GatewayProcess, Socket, ahttp, gateways_on_redis, unique
 from tests.integration.test_fanout import collect
 
 BLOCK = "block"
@@ -32,28 +28,11 @@ BLOCK = "block"
 def cluster(redis_url: str) -> Iterator[tuple[GatewayProcess, GatewayProcess, str]]:
     """Gateways A and B on one Redis, with a tiny relay channel, and an admin token."""
     var = Path(tempfile.mkdtemp(prefix="leasecast-scaleout-"))
-    with sqlite_database(var) as env:
-        token = manage(env, "issue_token", "scaleout", "--scope", "admin").strip().splitlines()[-1]
-        env.update(
-            REDIS_URL=redis_url,
-            # Groups of this run only: others may run these tests on the same Redis.
-            GATEWAY_REDIS_PREFIX=f"lctest{uuid.uuid4().hex[:8]}",
-            GATEWAY_REDIS_CAPACITY="20",
-            GATEWAY_BLOCK_WAIT="1",
-        )
-        b_file = var / "b.sqlite3"
-        with (
-            closing(sqlite3.connect(env["GATEWAY_SQLITE_PATH"])) as source,
-            closing(sqlite3.connect(b_file)) as target,
-        ):
-            source.backup(target)  # B's own database, with the same token
-        a = GatewayProcess(env, var, name="a")
-        b = GatewayProcess({**env, "GATEWAY_SQLITE_PATH": str(b_file)}, var, name="b")
-        a.start()
-        b.start()
-        yield a, b, token
-        a.stop()
-        b.stop()
+    # A tiny relay channel, so the tests can make it overflow.
+    with gateways_on_redis(
+        var, redis_url, GATEWAY_REDIS_CAPACITY="20", GATEWAY_BLOCK_WAIT="1"
+    ) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="module")

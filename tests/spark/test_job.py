@@ -141,7 +141,7 @@ def test_job_refuses_bad_options_with_a_clear_error(site: GatewayProcess) -> Non
     cases = [
         ([*base, "--files", str(work / "empty")], "no token"),
         ([*base, "--token", "lc_wrong", "--files", str(work / "empty")], "refused the token"),
-        ([*base, "--rate", "0"], "is not >= 1"),
+        ([*base, "--rate", "0"], "must be at least 1"),
         ([*base, "--files", str(work), "--rate", "5"], "not allowed with"),
     ]
     for command, message in cases:
