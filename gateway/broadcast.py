@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -61,7 +62,9 @@ class Broadcaster:
         self,
         *,
         block_wait: float = 10.0,
-        relay: Callable[[str, int, bytes], Awaitable[None]] | None = None,
+        relay: Callable[[str, int, int, bytes], Awaitable[None]] | None = None,
+        # -- memory
+        topic_idle: float = 300.0,
     ) -> None:
         self.dispatcher = Dispatcher(time.time)
         self.block_wait = block_wait
@@ -71,6 +74,15 @@ class Broadcaster:
         self._work = asyncio.Event()
         self._gates: dict[str, asyncio.Lock] = {}
         self._origin_seq: dict[str, int] = {}  # publishes made here, per topic
+        # A topic's publishes here are one stream per epoch: a topic forgotten
+        # while idle (no local subscriber, no publish for ``topic_idle``
+        # seconds) starts a new epoch at seq 1, and other processes, seeing
+        # the new epoch, know the seqs started again (gateway.relay). Epochs
+        # only increase, so a late mark of an older stream is recognised.
+        self._origin_epoch: dict[str, int] = {}
+        self._epochs = itertools.count(1)
+        self.topic_idle = topic_idle
+        self._next_sweep = time.monotonic() + min(10.0, topic_idle)
         self._sender = asyncio.get_running_loop().create_task(self._send_loop())
         # Figures for the dashboard.
         self.slow_consumers_closed = 0
@@ -119,6 +131,7 @@ class Broadcaster:
         complete already, or None (nothing done) if it must be awaited."""
         if self.relay is not None:
             return None
+        self._sweep_idle_topics()  # before this publish marks the topic busy
         gate = self._gates.get(topic)
         if gate is not None and gate.locked():
             return None
@@ -130,8 +143,7 @@ class Broadcaster:
         outcome = self.dispatcher.publish(topic, body)
         assert not outcome.blocked
         self._work.set()
-        seq = self._origin_seq[topic] = self._origin_seq.get(topic, 0) + 1
-        return seq
+        return self._next_seq(topic)[1]
 
     async def publish(self, topic: str, body: bytes) -> int:
         """Publish to local subscribers and hand on to the relay; returns the topic seq.
@@ -139,11 +151,34 @@ class Broadcaster:
         Returns once every local buffer has taken the message or dropped it by
         its policy (a full ``block`` subscriber: waited for, or closed with 4008).
         """
+        self._sweep_idle_topics()  # before this publish marks the topic busy
         await self._in_order(topic, body)
-        seq = self._origin_seq[topic] = self._origin_seq.get(topic, 0) + 1
+        epoch, seq = self._next_seq(topic)
         if self.relay is not None:
-            await self.relay(topic, seq, body)
+            await self.relay(topic, epoch, seq, body)
         return seq
+
+    def _next_seq(self, topic: str) -> tuple[int, int]:
+        """The (epoch, seq) of the next publish of ``topic`` made here."""
+        epoch = self._origin_epoch.get(topic)
+        if epoch is None:
+            epoch = self._origin_epoch[topic] = next(self._epochs)
+        seq = self._origin_seq[topic] = self._origin_seq.get(topic, 0) + 1
+        return epoch, seq
+
+    def _sweep_idle_topics(self) -> None:
+        # On the publish path, at most every few seconds: memory grows only
+        # through publishes, so this is where it is given back.
+        now = time.monotonic()
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + min(10.0, self.topic_idle)
+        for topic in self.dispatcher.forget_idle(self.topic_idle):
+            self._origin_seq.pop(topic, None)
+            self._origin_epoch.pop(topic, None)
+            gate = self._gates.get(topic)
+            if gate is not None and not gate.locked():
+                del self._gates[topic]
 
     async def deliver_relayed(self, topic: str, body: bytes) -> None:
         """A message published on another process (from the relay)."""

@@ -66,10 +66,13 @@ class RateMeter:
         self._clock = clock
         self._window = window
         self._buckets: deque[tuple[int, int]] = deque()
+        #: when the last event was counted
+        self.last = clock()
 
     def add(self, n: int = 1) -> None:
         """Count ``n`` events now."""
-        second = int(self._clock())
+        self.last = now = self._clock()
+        second = int(now)
         if self._buckets and self._buckets[-1][0] == second:
             self._buckets[-1] = (second, self._buckets[-1][1] + n)
         else:
@@ -245,6 +248,25 @@ class Dispatcher:
             self._resume = None
         sub.buffer.clear()
         return sub
+
+    def forget_idle(self, idle_for: float) -> list[str]:
+        """Forget the counters of topics with no subscriber here and no publish for
+        ``idle_for`` seconds; returns their names.
+
+        Topics live in memory only, named by whoever publishes: without this,
+        every name ever published to would stay (and be listed in the stats)
+        for the life of the process. A forgotten topic's counter starts again.
+        """
+        now = self.clock()
+        gone = [
+            topic
+            for topic, meter in self.publish_rate.items()
+            if topic not in self.topics and now - meter.last >= idle_for
+        ]
+        for topic in gone:
+            del self.publish_rate[topic]
+            self.published.pop(topic, None)
+        return gone
 
     def subscribers(self, topic: str) -> int:
         """How many subscribers the topic has on this process."""

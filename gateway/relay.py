@@ -54,8 +54,10 @@ class Relay:
         self.origin = origin
         self.broadcaster: Broadcaster | None = None
         self._joined: set[str] = set()
-        self._last: dict[tuple[str, str], int] = {}  # (origin, topic) -> last seq seen
-        self._recent: dict[str, tuple[int, float]] = {}  # topic -> (last seq sent, when)
+        # (origin, topic) -> (epoch, last seq seen)
+        self._last: dict[tuple[str, str], tuple[int, int]] = {}
+        # topic -> (epoch, last seq sent, when)
+        self._recent: dict[str, tuple[int, int, float]] = {}
         channel.on("fanout.", self._handle)
         self._marker = asyncio.get_running_loop().create_task(self._mark_loop())
         # Figures for the dashboard.
@@ -63,14 +65,15 @@ class Relay:
         self.received = 0
         self.lost = 0
 
-    async def send(self, topic: str, seq: int, body: bytes) -> None:
+    async def send(self, topic: str, epoch: int, seq: int, body: bytes) -> None:
         """Hand a local publish to the other processes."""
         await self.layer.group_send(
             group_for(topic),
-            {"type": "fanout.message", "o": self.origin, "t": topic, "s": seq, "b": body},
-        )
+            {"type": "fanout.message", "o": self.origin, "t": topic, "e": epoch, "s": seq,
+             "b": body},
+        )  # fmt: skip
         self.sent += 1
-        self._recent[topic] = (seq, time.monotonic())
+        self._recent[topic] = (epoch, seq, time.monotonic())
 
     async def _mark_loop(self) -> None:
         # A gap shows only when a later message arrives, so a loss at the end
@@ -81,15 +84,16 @@ class Relay:
         while True:
             await asyncio.sleep(MARK_INTERVAL)
             now = time.monotonic()
-            for topic, (seq, when) in list(self._recent.items()):
+            for topic, (epoch, seq, when) in list(self._recent.items()):
                 if now - when > MARK_FOR:
                     del self._recent[topic]
                     continue
                 try:
                     await self.layer.group_send(
                         group_for(topic),
-                        {"type": "fanout.mark", "o": self.origin, "t": topic, "s": seq},
-                    )
+                        {"type": "fanout.mark", "o": self.origin, "t": topic, "e": epoch,
+                         "s": seq},
+                    )  # fmt: skip
                 except Exception as exc:
                     log.warning("relay mark for %r failed: %s", topic, exc)
 
@@ -115,14 +119,22 @@ class Relay:
             log.warning("group %s for %r failed: %s", "add" if join else "discard", topic, exc)
 
     async def _handle(self, message: dict[str, Any]) -> None:
-        origin, topic, seq = message["o"], message["t"], message["s"]
+        origin, topic, epoch, seq = message["o"], message["t"], message["e"], message["s"]
         if origin == self.origin or self.broadcaster is None:
             return
         body = message.get("b")  # None: a mark
         self.received += 1
         key = (origin, topic)
-        last = self._last.get(key)
-        if last is not None:
+        seen = self._last.get(key)
+        newer = seen is None
+        if seen is not None:
+            last = seen[1]
+            if epoch < seen[0]:
+                return  # a mark of a stream the origin has since restarted: stale
+            if epoch > seen[0]:
+                # The origin forgot the topic while idle and started its seqs
+                # again: this epoch's stream began at 1.
+                last, newer = 0, True
             # Before a message, seqs last+1 .. seq-1 are missing; before a mark
             # (which only repeats the last seq sent), last+1 .. seq are.
             missing = seq - last - (1 if body is not None else 0)
@@ -130,8 +142,9 @@ class Relay:
                 self.lost += missing
                 log.warning("relay lost %d messages of %r from %s", missing, topic, origin)
                 self.broadcaster.lose(topic, missing)
-        if last is None or seq > last:
-            self._last[key] = seq
+            newer = newer or seq > last
+        if newer:
+            self._last[key] = (epoch, seq)
             if body is not None:
                 await self.broadcaster.deliver_relayed(topic, body)
 
@@ -141,11 +154,12 @@ def make_broadcaster() -> Broadcaster:
     from gateway.engine import PROCESS_NAME
 
     block_wait = float(getattr(settings, "GATEWAY_BLOCK_WAIT", 10.0))
+    topic_idle = float(getattr(settings, "GATEWAY_TOPIC_IDLE", 300.0))
     channel = get_process_channel()
     if channel is None:
-        return Broadcaster(block_wait=block_wait)
+        return Broadcaster(block_wait=block_wait, topic_idle=topic_idle)
     relay = Relay(channel, PROCESS_NAME)
-    broadcaster = Broadcaster(block_wait=block_wait, relay=relay.send)
+    broadcaster = Broadcaster(block_wait=block_wait, relay=relay.send, topic_idle=topic_idle)
     relay.broadcaster = broadcaster
     broadcaster.on_topic_change = relay.topic_changed
     broadcaster.relay_state = relay

@@ -234,6 +234,8 @@ GATEWAY_DEFAULT_MAX_DELIVERIES = int(os.environ.get("GATEWAY_DEFAULT_MAX_DELIVER
 GATEWAY_DEFAULT_DEDUP_WINDOW = float(os.environ.get("GATEWAY_DEFAULT_DEDUP_WINDOW", 300.0))
 GATEWAY_SERVE_STATIC = _env_bool("GATEWAY_SERVE_STATIC", True)
 GATEWAY_BLOCK_WAIT = float(os.environ.get("GATEWAY_BLOCK_WAIT", 10.0))
+# A topic with no subscriber on a process and no publish for this long is forgotten there.
+GATEWAY_TOPIC_IDLE = float(os.environ.get("GATEWAY_TOPIC_IDLE", 300.0))
 
 # -- access control (docs/operations.md, Security) -----------------------------
 

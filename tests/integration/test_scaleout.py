@@ -282,3 +282,30 @@ async def test_dashboard_shows_and_disconnects_sockets_of_every_process(
         assert reply["op"] == "disconnected"
         await asyncio.wait_for(on_b.reader, 10)
         assert on_b.conn.close_code == 4000
+
+
+async def test_a_topic_forgotten_while_idle_restarts_its_stream_without_a_false_gap(
+    redis_url: str,
+) -> None:
+    """A forgets a topic it has no subscriber of after GATEWAY_TOPIC_IDLE; its next
+    publishes start at seq 1 again in a new epoch, and B neither drops them as old
+    nor reports a gap: its block subscriber keeps every message and stays open."""
+    var = Path(tempfile.mkdtemp(prefix="leasecast-idle-"))
+    with gateways_on_redis(var, redis_url, GATEWAY_TOPIC_IDLE="0.5") as (a, b, admin):
+        topic = unique("idle")
+        async with (
+            await sub(b, admin, topic, on_full=BLOCK) as blocker,
+            await Socket.open(f"{a.ws}/ws/produce/", admin) as p,
+        ):
+            await b_hears_a(p, topic, blocker)
+            for i in range(5):
+                await publish(p, topic, i)
+            await asyncio.sleep(2)  # A forgets the topic (idle 0.5 s, swept on the next publish)
+            seqs = []
+            for i in range(5, 10):
+                reply = await p.request({"op": "publish", "topic": topic, "body": i})
+                seqs.append(reply["seq"])
+            assert seqs[0] == 1, seqs  # A started the topic's stream again
+            items, dropped = await collect(blocker, 10)
+            assert in_order(items) == list(range(10)) and dropped == 0
+            await blocker.quiet(0.5)  # still open: no 4008, no late drop report

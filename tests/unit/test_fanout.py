@@ -162,3 +162,17 @@ def test_a_loss_nothing_follows_is_reported_to_a_waiting_subscriber_only() -> No
     d.publish("t", body(1))
     served = {sub.sid: (items, dropped) for sub, items, dropped in d.drain(100)}
     assert served[stalled.sid] == ([(5, b"1")], 4)  # told with its next message
+
+
+def test_idle_topics_without_subscribers_are_forgotten() -> None:
+    clock = FakeClock()
+    d = Dispatcher(clock)
+    d.subscribe("kept", capacity=10, policy=Policy.DROP_OLDEST)
+    for topic in ("kept", "idle", "busy"):
+        d.publish(topic, body(1))
+    clock.advance(200)
+    d.publish("busy", body(2))
+    clock.advance(100)
+    assert d.forget_idle(300) == ["idle"]  # "kept" has a subscriber; "busy" published lately
+    assert set(d.published) == {"kept", "busy"} and set(d.publish_rate) == {"kept", "busy"}
+    assert d.publish("idle", body(3)).seq == 1  # a forgotten topic's counter starts again
