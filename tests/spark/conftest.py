@@ -9,6 +9,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -62,15 +63,24 @@ def spark() -> Iterator[Any]:
     session.stop()
 
 
+@contextmanager
+def sqlite_gateway(name: str) -> Iterator[GatewayProcess]:
+    """A running gateway on a fresh SQLite database of its own."""
+    var = Path(tempfile.mkdtemp(prefix=f"leasecast-{name}-"))
+    with sqlite_database(var) as env:
+        gateway = GatewayProcess(env, var, name=name)
+        gateway.start()
+        try:
+            yield gateway
+        finally:
+            gateway.stop()
+
+
 @pytest.fixture(scope="module")
 def site() -> Iterator[GatewayProcess]:
     """A gateway on SQLite shared by a test module (tests use their own queue names)."""
-    var = Path(tempfile.mkdtemp(prefix="leasecast-spark-"))
-    with sqlite_database(var) as env:
-        gateway = GatewayProcess(env, var, name="spark")
-        gateway.start()
+    with sqlite_gateway("spark") as gateway:
         yield gateway
-        gateway.stop()
 
 
 def write_files(folder: Path, start: int, count: int, per_file: int = 2000) -> None:

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.databases import ROOT, sqlite_database
+from tests.databases import ROOT
 from tests.integration.harness import GatewayProcess, unique
-from tests.spark.conftest import drain_ids, visible, write_files
+from tests.spark.conftest import drain_ids, sqlite_gateway, visible, write_files
 
 ROWS = 10_000
 
@@ -87,12 +87,8 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
 @pytest.fixture
 def own_site() -> Iterator[GatewayProcess]:
     """A gateway of the test's own (it gets killed)."""
-    var = Path(tempfile.mkdtemp(prefix="leasecast-spark-own-"))
-    with sqlite_database(var) as env:
-        gateway = GatewayProcess(env, var, name="spark-own")
-        gateway.start()
+    with sqlite_gateway("spark-own") as gateway:
         yield gateway
-        gateway.stop()
 
 
 def test_driver_killed_mid_stream_and_restarted_gives_exactly_every_row(

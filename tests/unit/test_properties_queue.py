@@ -27,15 +27,11 @@ database row by row against it, so that:
 from __future__ import annotations
 
 import itertools
-import sqlite3
-import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -75,7 +71,6 @@ from gateway.store import (
     Stats,
     Store,
 )
-from tests.databases import postgres_database, postgres_unavailable, sqlite_database
 from tests.unit.test_leases import FakeClock
 
 READY, LEASED, DEAD, DELAYED = StoredState
@@ -528,24 +523,6 @@ class QueueMachine(RuleBasedStateMachine):
 
 
 # -- the databases -------------------------------------------------------------
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def database(request: pytest.FixtureRequest) -> Iterator[tuple[str, Callable[[], Any]]]:
-    var = Path(tempfile.mkdtemp(prefix="leasecast-props-"))
-    if request.param == "sqlite":
-        with sqlite_database(var) as env:
-            path = env["GATEWAY_SQLITE_PATH"]
-            yield "sqlite", lambda: sqlite3.connect(path, isolation_level=None)
-    else:
-        reason = postgres_unavailable()
-        if reason:
-            pytest.skip(reason)
-        import psycopg
-
-        with postgres_database(var) as env:
-            url = env["DATABASE_URL"]
-            yield "postgres", lambda: psycopg.connect(url, autocommit=True)
 
 
 #: Examples per backend: SQLite is cheap, PostgreSQL's round trips are not.

@@ -5,19 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.ratelimit import ADMITTED, Decision, RateLimits, TokenBucket, TokenLimiter
-
-
-class FakeClock:
-    """Time that moves only when the test says so."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from tests.unit.test_leases import FakeClock
 
 
 def limiter(clock: FakeClock, **limits: float) -> TokenLimiter:

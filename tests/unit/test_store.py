@@ -7,10 +7,7 @@ serves the whole module.
 from __future__ import annotations
 
 import itertools
-import sqlite3
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,28 +32,9 @@ from gateway.store import (
     Stats,
     Store,
 )
-from tests.databases import postgres_database, postgres_unavailable, sqlite_database
 from tests.unit.test_leases import FakeClock
 
 _names = itertools.count()
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def database(request: pytest.FixtureRequest) -> Iterator[tuple[str, Any]]:
-    var = Path(tempfile.mkdtemp(prefix="leasecast-store-"))
-    if request.param == "sqlite":
-        with sqlite_database(var) as env:
-            path = env["GATEWAY_SQLITE_PATH"]
-            yield "sqlite", lambda: sqlite3.connect(path, isolation_level=None)
-    else:
-        reason = postgres_unavailable()
-        if reason:
-            pytest.skip(reason)
-        import psycopg
-
-        with postgres_database(var) as env:
-            url = env["DATABASE_URL"]
-            yield "postgres", lambda: psycopg.connect(url, autocommit=True)
 
 
 @pytest.fixture
