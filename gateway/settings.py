@@ -213,7 +213,13 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
-        "leasecast": {"handlers": ["console"], "level": os.environ.get("GATEWAY_LOG_LEVEL", "INFO")}
+        # Not propagated: daphne's command line gives the root logger a
+        # handler too (logging.basicConfig), which printed every line twice.
+        "leasecast": {
+            "handlers": ["console"],
+            "level": os.environ.get("GATEWAY_LOG_LEVEL", "INFO"),
+            "propagate": False,
+        }
     },
 }
 
