@@ -4,7 +4,8 @@ Publishing offers the message to every local subscriber's buffer at once
 (``gateway.fanout``); one sender task drains the buffers against credit, by
 weight, into coalesced ``messages`` frames (DESIGN decisions 6 and 8). With a
 relay (``gateway.relay``), each publish is also handed to the other gateway
-processes: one channel-layer message per process per publish (decision 7).
+processes: one channel-layer message per process per publish, or per batch of
+a topic's publishes that piled up while the previous one was sent (decision 7).
 
 ``block`` (protocol: Broadcast topics): a publish that meets a full ``block``
 buffer waits for room, up to ``GATEWAY_BLOCK_WAIT`` seconds; a socket still

@@ -2,14 +2,26 @@
 
 With ``REDIS_URL`` set, ``channels_redis`` is the channel layer. Each process's
 channel (``gateway.layer``) joins one group per topic it has subscribers for;
-a publish is one ``group_send`` (one channel-layer message per process), and
-each receiving process fans out locally.
+publishes are handed on with ``group_send`` (one channel-layer message per
+process, for one publish or a batch of them, see below), and each receiving
+process fans out locally.
 
 The layer can drop messages (a full channel, a Redis restart). Every relayed
 message carries its origin process and that origin's per-topic sequence
 number, so a receiver sees a gap and acts on it as the protocol demands:
 ``block`` subscribers of the topic are disconnected with 4008, the others
 count the loss in ``dropped`` (protocol: Publish).
+
+Each ``group_send`` holds one connection of ``channels_redis``'s pool for its
+few round trips, and redis-py's asyncio pool does not wait for a free
+connection: past ``max_connections`` (100 by default) it raises "Too many
+connections". So publishes are never handed to the layer one task each: they
+join this process's outbox, and one sender task empties it, one
+``group_send`` at a time, with the publishes of one topic that piled up
+meanwhile in one ``fanout.batch`` message (in seq order). A pipelining
+producer then costs one layer message per round trip, not one connection per
+frame, and a topic's messages leave in the order they were published. Group
+membership changes go through one task too, the latest wish per topic winning.
 """
 
 from __future__ import annotations
@@ -18,6 +30,7 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections import deque
 from typing import Any
 
 from django.conf import settings
@@ -33,6 +46,12 @@ log = logging.getLogger("leasecast.relay")
 MARK_INTERVAL = 0.25
 #: For how long after a topic's last publish marks are sent (seconds).
 MARK_FOR = 5.0
+#: At most this many publishes, and about this many body bytes, per relayed batch.
+BATCH_ITEMS = 512
+BATCH_BYTES = 1024 * 1024
+
+#: A publish waiting in the outbox: topic, epoch, seq, body, and its waiter.
+Outgoing = tuple[str, int, int, bytes, asyncio.Future[None]]
 
 
 def group_for(topic: str) -> str:
@@ -58,22 +77,68 @@ class Relay:
         self._last: dict[tuple[str, str], tuple[int, int]] = {}
         # topic -> (epoch, last seq sent, when)
         self._recent: dict[str, tuple[int, int, float]] = {}
+        # Publishes not yet handed to the layer, in publish order.
+        self._outbox: deque[Outgoing] = deque()
+        self._outbox_ready = asyncio.Event()
+        # topic -> join (True) or leave (False), not yet applied.
+        self._membership: dict[str, bool] = {}
+        self._membership_ready = asyncio.Event()
         channel.on("fanout.", self._handle)
-        self._marker = asyncio.get_running_loop().create_task(self._mark_loop())
+        loop = asyncio.get_running_loop()
+        self._marker = loop.create_task(self._mark_loop())
+        self._sender = loop.create_task(self._send_loop())
+        self._member = loop.create_task(self._membership_loop())
         # Figures for the dashboard.
         self.sent = 0
         self.received = 0
         self.lost = 0
 
     async def send(self, topic: str, epoch: int, seq: int, body: bytes) -> None:
-        """Hand a local publish to the other processes."""
-        await self.layer.group_send(
-            group_for(topic),
-            {"type": "fanout.message", "o": self.origin, "t": topic, "e": epoch, "s": seq,
-             "b": body},
-        )  # fmt: skip
-        self.sent += 1
-        self._recent[topic] = (epoch, seq, time.monotonic())
+        """Hand a local publish to the other processes; returns once the layer took it.
+
+        Raises what the layer raised if the batch carrying it failed.
+        """
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._outbox.append((topic, epoch, seq, body, done))
+        self._outbox_ready.set()
+        await done
+
+    async def _send_loop(self) -> None:
+        while True:
+            await self._outbox_ready.wait()
+            self._outbox_ready.clear()
+            while self._outbox:
+                pending, self._outbox = self._outbox, deque()
+                for batch in _batches(pending):
+                    await self._send_batch(batch)
+
+    async def _send_batch(self, batch: list[Outgoing]) -> None:
+        """One ``group_send`` for consecutive publishes of one topic and epoch."""
+        topic, epoch = batch[0][0], batch[0][1]
+        message: dict[str, Any]
+        if len(batch) == 1:
+            message = {"type": "fanout.message", "o": self.origin, "t": topic, "e": epoch,
+                       "s": batch[0][2], "b": batch[0][3]}  # fmt: skip
+        else:
+            message = {"type": "fanout.batch", "o": self.origin, "t": topic, "e": epoch,
+                       "i": [(seq, body) for _, _, seq, body, _ in batch]}  # fmt: skip
+        error: Exception | None = None
+        try:
+            await self.layer.group_send(group_for(topic), message)
+        except Exception as exc:
+            error = exc
+        else:
+            self.sent += len(batch)
+        # Marks repeat the last seq even if this batch failed: another
+        # process then sees the loss, never a silent gap.
+        self._recent[topic] = (epoch, batch[-1][2], time.monotonic())
+        for *_, done in batch:
+            if done.done():
+                continue  # its publish was cancelled
+            if error is None:
+                done.set_result(None)
+            else:
+                done.set_exception(error)
 
     async def _mark_loop(self) -> None:
         # A gap shows only when a later message arrives, so a loss at the end
@@ -101,13 +166,26 @@ class Relay:
         """Join a topic's group with its first local subscriber, leave it after the last."""
         if subscribers and topic not in self._joined:
             self._joined.add(topic)
-            asyncio.get_running_loop().create_task(self._group(topic, join=True))
+            self._membership[topic] = True
+            self._membership_ready.set()
         elif not subscribers and topic in self._joined:
             self._joined.discard(topic)
             # A later re-join starts a fresh stream: no gap against old numbers.
             for key in [k for k in self._last if k[1] == topic]:
                 del self._last[key]
-            asyncio.get_running_loop().create_task(self._group(topic, join=False))
+            self._membership[topic] = False
+            self._membership_ready.set()
+
+    async def _membership_loop(self) -> None:
+        # One change at a time, so a burst of new topics does not take a
+        # connection each, and a join and a leave of one topic never race.
+        while True:
+            await self._membership_ready.wait()
+            self._membership_ready.clear()
+            while self._membership:
+                topic = next(iter(self._membership))
+                join = self._membership.pop(topic)
+                await self._group(topic, join=join)
 
     async def _group(self, topic: str, *, join: bool) -> None:
         try:
@@ -119,10 +197,19 @@ class Relay:
             log.warning("group %s for %r failed: %s", "add" if join else "discard", topic, exc)
 
     async def _handle(self, message: dict[str, Any]) -> None:
-        origin, topic, epoch, seq = message["o"], message["t"], message["e"], message["s"]
+        origin, topic, epoch = message["o"], message["t"], message["e"]
         if origin == self.origin or self.broadcaster is None:
             return
-        body = message.get("b")  # None: a mark
+        if message["type"] == "fanout.batch":
+            for seq, body in message["i"]:
+                await self._take(origin, topic, epoch, seq, body)
+        else:
+            await self._take(origin, topic, epoch, message["s"], message.get("b"))  # None: a mark
+
+    async def _take(
+        self, origin: str, topic: str, epoch: int, seq: int, body: bytes | None
+    ) -> None:
+        assert self.broadcaster is not None
         self.received += 1
         key = (origin, topic)
         seen = self._last.get(key)
@@ -147,6 +234,21 @@ class Relay:
             self._last[key] = (epoch, seq)
             if body is not None:
                 await self.broadcaster.deliver_relayed(topic, body)
+
+
+def _batches(pending: deque[Outgoing]) -> list[list[Outgoing]]:
+    """``pending`` as batches of one topic and epoch each, every topic's in publish order."""
+    batches: list[list[Outgoing]] = []
+    open_batch: dict[tuple[str, int], tuple[list[Outgoing], int]] = {}  # stream -> (batch, bytes)
+    for item in pending:
+        stream = (item[0], item[1])
+        batch, size = open_batch.get(stream, (None, 0))
+        if batch is None or len(batch) >= BATCH_ITEMS or size + len(item[3]) > BATCH_BYTES:
+            batch, size = [], 0
+            batches.append(batch)
+        batch.append(item)
+        open_batch[stream] = (batch, size + len(item[3]))
+    return batches
 
 
 def make_broadcaster() -> Broadcaster:
