@@ -26,7 +26,7 @@ from gateway.protocol import (
     parse_enqueue_spec,
 )
 from gateway.scopes import Principal
-from gateway.store import AbortTxn, CommitTxn, Enqueue, Purge, Redrive, Stage, Stats
+from gateway.store import AbortTxn, AllStats, CommitTxn, Enqueue, Purge, Redrive, Stage, Stats
 
 __all__ = [
     "healthz",
@@ -190,7 +190,7 @@ async def queue_detail(request: HttpRequest, principal: Principal, queue: str) -
     check_name(queue)
     if not principal.allows("enqueue", queue):
         principal.require("consume", queue)
-    return _json(await get_engine().call(Stats(queue)))
+    return _json((await get_engine().call(Stats(queue))).as_json())
 
 
 @api("POST")
@@ -292,7 +292,7 @@ async def stats(request: HttpRequest, principal: Principal) -> HttpResponse:
     """Queues and every connected socket of this process (scope ``admin``)."""
     principal.require("admin")
     engine = get_engine()
-    data = await engine.call(Stats())
+    data: dict[str, Any] = {"queues": [s.as_json() for s in await engine.call(AllStats())]}
     broadcaster = get_broadcaster()
     data["topics"] = broadcaster.describe_topics()
     data["sockets"] = [socket.describe() for socket in engine.sockets]

@@ -14,9 +14,8 @@ from typing import Any, assert_never
 
 from consumers.base import GatewaySocket, int_param
 from gateway.errors import Invalid, ProtocolError, StaleReceipt
-from gateway.leases import WorkerLeases
+from gateway.leases import MAX_TIMEOUT, WorkerLeases
 from gateway.protocol import (
-    MAX_TIMEOUT,
     AckFrame,
     AckManyFrame,
     ClientFrame,
@@ -106,7 +105,14 @@ class WorkerSocket(GatewaySocket):
                 expires_in = max(0.0, item.expires_at - now)
                 self.push(
                     encode_deliver(
-                        self.queue, item.id, item.receipt, item.body, item.deliveries, expires_in
+                        self.queue,
+                        item.id,
+                        item.receipt,
+                        item.body,
+                        item.deliveries,
+                        expires_in,
+                        item.group,
+                        item.priority,
                     )
                 )
         else:
@@ -116,7 +122,15 @@ class WorkerSocket(GatewaySocket):
                     encode_deliveries(
                         self.queue,
                         [
-                            (d.id, d.receipt, d.body, d.deliveries, max(0.0, d.expires_at - now))
+                            (
+                                d.id,
+                                d.receipt,
+                                d.body,
+                                d.deliveries,
+                                max(0.0, d.expires_at - now),
+                                d.group,
+                                d.priority,
+                            )
                             for d in chunk
                         ],
                     )

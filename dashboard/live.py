@@ -17,7 +17,7 @@ from typing import Any
 from gateway.broadcast import get_broadcaster
 from gateway.engine import Engine, get_engine
 from gateway.layer import get_process_channel
-from gateway.store import Stats
+from gateway.store import AllStats
 
 __all__ = ["Exchange", "get_exchange", "process_snapshot"]
 
@@ -106,8 +106,7 @@ class Exchange:
 
     async def queues(self) -> list[dict[str, Any]]:
         """Counts per queue from the database (shared by every process)."""
-        stats = await self.engine.call(Stats())
-        return list(stats["queues"])
+        return [stats.as_json() for stats in await self.engine.call(AllStats())]
 
 
 _exchanges: dict[asyncio.AbstractEventLoop, Exchange] = {}

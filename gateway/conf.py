@@ -25,6 +25,8 @@ class GatewaySettings:
     batch_max_ops: int = 4000
     max_backlog: int = 100_000
     queue_settings_ttl: float = 2.0
+    #: seconds a ``block`` queue or topic makes its producer wait for room
+    block_wait: float = 10.0
     # -- auth
     token_cache_ttl: float = 5.0
     allowed_origins: tuple[str, ...] = ()
@@ -49,6 +51,7 @@ def gateway_settings() -> GatewaySettings:
         batch_max_ops=settings.GATEWAY_BATCH_MAX_OPS,
         max_backlog=settings.GATEWAY_MAX_BACKLOG,
         queue_settings_ttl=settings.GATEWAY_QUEUE_SETTINGS_TTL,
+        block_wait=settings.GATEWAY_BLOCK_WAIT,
         token_cache_ttl=settings.GATEWAY_TOKEN_CACHE_TTL,
         allowed_origins=tuple(settings.GATEWAY_ALLOWED_ORIGINS),
         allowed_hosts=tuple(settings.ALLOWED_HOSTS),

@@ -15,21 +15,39 @@ import socket
 import sqlite3
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from django.db import connections
 
 from gateway.committer import Callback, Committer
 from gateway.conf import gateway_settings
-from gateway.errors import ProtocolError
+from gateway.errors import Backpressure, ProtocolError, QueueFull
 from gateway.notify import start_listener
 from gateway.pump import QueuePump, WorkerSink
-from gateway.store import POSTGRESQL, SQLITE, Ack, Enqueue, Op, Result, Store
+from gateway.store import (
+    POSTGRESQL,
+    SQLITE,
+    Ack,
+    CommitTxn,
+    Enqueue,
+    EnqueueResult,
+    Op,
+    Result,
+    Returns,
+    Store,
+)
 
 __all__ = ["PROCESS_NAME", "Engine", "get_engine", "wake_from_thread"]
 
+T = TypeVar("T")
+
 
 COUNTERS = ("enqueued", "delivered", "redelivered", "acked", "dead_lettered")
+
+#: How often an enqueue blocked on a full ``block`` queue tries again, at
+#: most: room made by this process wakes it at once, room made by another
+#: process (or by expiry) is found by this poll.
+ROOM_POLL = 0.1
 
 #: This process's name: host and pid (labels it in stats; signs its NOTIFYs).
 PROCESS_NAME = f"{socket.gethostname()}:{os.getpid()}"
@@ -75,10 +93,15 @@ class Engine:
 
     Args:
         committer: runs store operations.
+        block_wait: seconds an enqueue waits for room in a full ``block``
+            queue before it is refused with ``backpressure``.
     """
 
-    def __init__(self, committer: Committer) -> None:
+    def __init__(self, committer: Committer, *, block_wait: float = 10.0) -> None:
         self.committer = committer
+        self.block_wait = block_wait
+        # Retries of enqueues waiting for room, per queue, oldest first.
+        self._room_waiters: dict[str, list[Callable[[], None]]] = {}
         self.pumps: dict[str, QueuePump] = {}
         #: every open socket of this process (each has ``describe()``)
         self.sockets: set[Any] = set()
@@ -102,20 +125,60 @@ class Engine:
     # -- operations
 
     def submit(self, op: Op, callback: Callback) -> None:
-        """Submit ``op``; ``callback`` gets its result on the loop after the commit."""
-        if isinstance(op, Enqueue | Ack):
-            self.committer.submit(op, lambda result: self._counted(op, result, callback))
+        """Submit ``op``; ``callback`` gets its result on the loop after the commit.
+
+        An op that enqueues into a full ``block`` queue is tried again as room
+        appears, for up to ``block_wait`` seconds, then answered
+        ``backpressure`` (protocol 1.1: bounded queues).
+        """
+        if isinstance(op, Enqueue | Ack | CommitTxn):
+            self.committer.submit(op, lambda result: self._landed(op, result, callback, None))
         else:
             self.committer.submit(op, callback)
 
-    def _counted(self, op: Enqueue | Ack, result: Result, callback: Callback) -> None:
+    def _landed(
+        self,
+        op: Enqueue | Ack | CommitTxn,
+        result: Result,
+        callback: Callback,
+        deadline: float | None,
+    ) -> None:
+        if isinstance(result, QueueFull) and result.may_wait:
+            now = time.monotonic()
+            deadline = now + self.block_wait if deadline is None else deadline
+            if now < deadline:
+                self._wait_for_room(
+                    result.queue,
+                    lambda: self.committer.submit(
+                        op, lambda again: self._landed(op, again, callback, deadline)
+                    ),
+                    deadline - now,
+                )
+                return
+            result = Backpressure(
+                f"queue {result.queue!r} stayed full for {self.block_wait:g} s (overflow block)"
+            )
         if not isinstance(result, ProtocolError):
             if isinstance(op, Enqueue):
-                self.count(op.queue, "enqueued", sum(1 for r in result if not r.duplicate))
-            else:
+                enqueued = cast(list[EnqueueResult], result)
+                self.count(op.queue, "enqueued", sum(1 for r in enqueued if not r.duplicate))
+            elif isinstance(op, Ack):
                 for queue, _ in op.follow_ups:
                     self.count(queue, "enqueued")
         callback(result)
+
+    def _wait_for_room(self, queue: str, retry: Callable[[], None], wait: float) -> None:
+        """Run ``retry`` once: when this process makes room in ``queue``, or after a poll."""
+        waiters = self._room_waiters.setdefault(queue, [])
+        waiter = _RoomWaiter(retry, waiters)
+        waiter.timer = asyncio.get_running_loop().call_later(min(wait, ROOM_POLL), waiter.fire)
+        waiters.append(waiter.fire)
+
+    def room_made(self, queue: str) -> None:
+        """Messages left ``queue``'s counted states here: retry enqueues waiting for room."""
+        waiters = self._room_waiters.pop(queue, None)
+        for fire in waiters or ():
+            fire()
 
     def count(self, queue: str, what: str, n: int = 1) -> None:
         """Add to a queue's counters (enqueued, delivered, redelivered, acked, dead_lettered)."""
@@ -123,10 +186,13 @@ class Engine:
         if counters is None:
             counters = self.counters[queue] = dict.fromkeys(COUNTERS, 0)
         counters[what] += n
+        if what == "delivered" and n and queue in self._room_waiters:
+            self.room_made(queue)
 
-    async def call(self, op: Op) -> Any:
+    async def call(self, op: Returns[T]) -> T:
         """Submit ``op`` and wait for its result (raises its ProtocolError)."""
-        return await self.committer.call(op)
+        result: T = await self.committer.call(op)  # type: ignore[arg-type]
+        return result
 
     # -- pumps
 
@@ -161,6 +227,26 @@ class Engine:
             self.wake(queue)
 
 
+class _RoomWaiter:
+    """One enqueue waiting for room in a ``block`` queue: retried once, by
+    whichever comes first, the poll timer or :meth:`Engine.room_made`."""
+
+    def __init__(self, retry: Callable[[], None], waiters: list[Callable[[], None]]) -> None:
+        self._retry: Callable[[], None] | None = retry
+        self._waiters = waiters
+        self.timer: asyncio.TimerHandle | None = None
+
+    def fire(self) -> None:
+        retry, self._retry = self._retry, None
+        if retry is None:
+            return
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.fire in self._waiters:
+            self._waiters.remove(self.fire)
+        retry()
+
+
 _engines: dict[asyncio.AbstractEventLoop, Engine] = {}
 
 
@@ -189,7 +275,7 @@ def get_engine(make_store: Callable[[], Store] = _django_store) -> Engine:
             max_backlog=gateway_settings().max_backlog,
             on_wake=lambda queues: holder[0].wake_all(queues),
         )
-        engine = _engines[loop] = Engine(committer)
+        engine = _engines[loop] = Engine(committer, block_wait=gateway_settings().block_wait)
         holder.append(engine)
         if connections["default"].vendor == "postgresql":
             engine.listener = start_listener(engine.wake_all, PROCESS_NAME, loop)

@@ -19,6 +19,7 @@ This module imports nothing from Django: the client SDK shares it.
     │   ├── StaleReceipt              stale_receipt  409
     │   ├── NotFound                  not_found      404
     │   ├── Backpressure              backpressure   429
+    │   │   └── QueueFull                 a bounded queue at max_length
     │   └── Unavailable               unavailable    503
     └── ClientError                   (client SDK only)
         └── ConnectionClosed
@@ -38,6 +39,7 @@ __all__ = [
     "LeasecastError",
     "NotFound",
     "ProtocolError",
+    "QueueFull",
     "StaleReceipt",
     "TooLarge",
     "Unauthorized",
@@ -130,6 +132,22 @@ class Backpressure(ProtocolError):
 
     code = "backpressure"
     http_status = 429
+
+
+class QueueFull(Backpressure):
+    """An enqueue would take a bounded queue past its ``max_length``; nothing was applied.
+
+    Args:
+        detail: human-readable explanation.
+        queue: the queue that is full.
+        may_wait: the queue's overflow policy is ``block``: the gateway retries
+            until its block wait runs out before answering ``backpressure``.
+    """
+
+    def __init__(self, detail: str, *, queue: str = "", may_wait: bool = False) -> None:
+        super().__init__(detail)
+        self.queue = queue
+        self.may_wait = may_wait
 
 
 class Unavailable(ProtocolError):

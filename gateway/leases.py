@@ -16,8 +16,15 @@ stored state   ``visible_at <= now``  ``visible_at > now``
 READY          visible                (never: READY is due now)
 LEASED         visible (expired)      in_flight
 DELAYED        visible (due)          delayed
+WAITING        visible                delayed
 DEAD           dead                   dead
 =============  =====================  ===========================
+
+WAITING is a message of a group held behind an earlier message of the same
+group (protocol 1.1, groups). Of each group's messages that are not dead,
+exactly one is not WAITING: the earliest, the group's *head*, and only a head
+can be leased. So a lease round needs no per-group check at all; the store
+promotes the next message when a head leaves (see ``gateway.store.groups``).
 """
 
 from __future__ import annotations
@@ -25,14 +32,20 @@ from __future__ import annotations
 import enum
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
+from typing import Literal, TypeAlias
+
+from gateway.errors import BadFrame, Invalid
 
 __all__ = [
+    "DEAD_REASONS",
     "DEFAULT_QUEUE_SETTINGS",
+    "OVERFLOW_POLICIES",
     "Clock",
+    "DeadReason",
     "LeaseScheduler",
     "MessageState",
+    "Overflow",
     "QueueSettings",
     "StoredState",
     "WorkerLeases",
@@ -53,6 +66,7 @@ class StoredState(enum.IntEnum):
     LEASED = 1
     DEAD = 2
     DELAYED = 3
+    WAITING = 4
 
 
 class MessageState(enum.Enum):
@@ -75,13 +89,114 @@ def observed_state(stored: StoredState, visible_at: float, now: float) -> Messag
     return MessageState.DELAYED
 
 
+#: Why a message was dead-lettered (protocol 1.1: ``dead_reason``).
+DeadReason: TypeAlias = Literal["max_deliveries", "rejected", "expired", "overflow"]
+DEAD_REASONS: tuple[DeadReason, ...] = ("max_deliveries", "rejected", "expired", "overflow")
+
+#: A bounded queue's policy when an enqueue would exceed ``max_length``.
+Overflow: TypeAlias = Literal["drop_newest", "drop_oldest", "block"]
+OVERFLOW_POLICIES: tuple[Overflow, ...] = ("drop_newest", "drop_oldest", "block")
+
+#: Longest lease accepted (``visibility_timeout``, ``extend``): 12 hours.
+MAX_TIMEOUT = 12 * 3600.0
+
+
 @dataclass(frozen=True, slots=True)
 class QueueSettings:
-    """Per-queue settings, stored in the database (defaults from the protocol)."""
+    """Per-queue settings, stored in the database.
+
+    The defaults here are the protocol's, and the only copy of them: the
+    models, the ``GATEWAY_DEFAULT_*`` settings and the admin read them from
+    :data:`DEFAULT_QUEUE_SETTINGS`.
+    """
 
     visibility_timeout: float = 30.0
     max_deliveries: int = 10
     dedup_window: float = 300.0
+    #: most messages visible or delayed (in flight ones are not counted); 0 = unlimited
+    max_length: int = 0
+    overflow: Overflow = "drop_newest"
+
+    def changed(self, changes: dict[str, object]) -> QueueSettings:
+        """These settings with ``changes`` applied, every value checked.
+
+        Args:
+            changes: setting name to new value, as decoded from JSON (a
+                ``PATCH /api/queues/QUEUE`` body) or from command-line options.
+
+        Raises:
+            BadFrame: an unknown setting, or a value of the wrong JSON type.
+            Invalid: a value out of range; nothing is changed.
+        """
+        values: dict[str, object] = {}
+        for name, value in changes.items():
+            check = _SETTING_CHECKS.get(name)
+            if check is None:
+                known = ", ".join(_SETTING_CHECKS)
+                raise BadFrame(f"unknown queue setting {name[:40]!r}; known: {known}")
+            values[name] = check(value)
+        return replace(self, **values)  # type: ignore[arg-type]
+
+    def as_json(self) -> dict[str, object]:
+        """The settings as they appear in a queue's ``GET`` document."""
+        return {
+            "visibility_timeout": self.visibility_timeout,
+            "max_deliveries": self.max_deliveries,
+            "dedup_window": self.dedup_window,
+            "max_length": self.max_length,
+            "overflow": self.overflow,
+        }
+
+
+def _number(name: str, value: object) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise BadFrame(f"{name} must be a number")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise Invalid(f"{name} must be finite")
+    return float(value)
+
+
+def _whole(name: str, value: object) -> int:
+    number = _number(name, value)
+    if number != int(number):
+        raise Invalid(f"{name} must be a whole number")
+    if number < 0:
+        raise Invalid(f"{name} must be >= 0")
+    if number > 2**31 - 1:
+        raise Invalid(f"{name} must be < 2**31")
+    return int(number)
+
+
+def _check_visibility_timeout(value: object) -> float:
+    timeout = _number("visibility_timeout", value)
+    if not 0 < timeout <= MAX_TIMEOUT:
+        raise Invalid(f"visibility_timeout must be > 0 and <= {MAX_TIMEOUT:.0f} seconds")
+    return timeout
+
+
+def _check_dedup_window(value: object) -> float:
+    window = _number("dedup_window", value)
+    if not 0 <= window <= 365 * 24 * 3600:
+        raise Invalid("dedup_window must be 0..31536000 seconds")
+    return window
+
+
+def _check_overflow(value: object) -> Overflow:
+    if not isinstance(value, str):
+        raise BadFrame("overflow must be a string")
+    for policy in OVERFLOW_POLICIES:
+        if value == policy:
+            return policy
+    raise Invalid(f"overflow must be one of {', '.join(OVERFLOW_POLICIES)}, got {value[:40]!r}")
+
+
+_SETTING_CHECKS: dict[str, Callable[[object], object]] = {
+    "visibility_timeout": _check_visibility_timeout,
+    "max_deliveries": lambda value: _whole("max_deliveries", value),
+    "dedup_window": _check_dedup_window,
+    "max_length": lambda value: _whole("max_length", value),
+    "overflow": _check_overflow,
+}
 
 
 #: The protocol's defaults for a queue created on first use.

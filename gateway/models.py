@@ -15,7 +15,16 @@ from typing import Any
 
 from django.db import models
 
-from gateway.leases import MessageState, StoredState, observed_state
+from gateway.leases import (
+    DEAD_REASONS,
+    DEFAULT_QUEUE_SETTINGS,
+    OVERFLOW_POLICIES,
+    MessageState,
+    StoredState,
+    observed_state,
+)
+
+_DEFAULTS = DEFAULT_QUEUE_SETTINGS
 
 
 def _now() -> float:
@@ -27,13 +36,27 @@ class Queue(models.Model):
 
     name = models.CharField(max_length=200, unique=True)
     visibility_timeout = models.FloatField(
-        default=30.0, help_text="Seconds a lease lasts unless the worker asks otherwise."
+        default=_DEFAULTS.visibility_timeout,
+        help_text="Seconds a lease lasts unless the worker asks otherwise.",
     )
     max_deliveries = models.PositiveIntegerField(
-        default=10, help_text="Deliveries before a message is dead-lettered; 0 is unlimited."
+        default=_DEFAULTS.max_deliveries,
+        help_text="Deliveries before a message is dead-lettered; 0 is unlimited.",
     )
     dedup_window = models.FloatField(
-        default=300.0, help_text="Seconds an idempotency key is remembered, acked or not."
+        default=_DEFAULTS.dedup_window,
+        help_text="Seconds an idempotency key is remembered, acked or not.",
+    )
+    max_length = models.PositiveIntegerField(
+        default=_DEFAULTS.max_length,
+        help_text="Most messages visible or delayed (in flight not counted); 0 is unlimited.",
+    )
+    overflow = models.CharField(
+        max_length=12,
+        default=_DEFAULTS.overflow,
+        choices=[(p, p) for p in OVERFLOW_POLICIES],
+        help_text="When an enqueue would exceed max_length: refuse it (drop_newest), "
+        "dead-letter the oldest (drop_oldest), or wait up to GATEWAY_BLOCK_WAIT (block).",
     )
     created_at = models.FloatField(default=_now)
 
@@ -62,15 +85,38 @@ class Message(models.Model):
     deliveries = models.PositiveIntegerField(default=0)
     lease_token = models.BigIntegerField(null=True, blank=True)
     enqueued_at = models.FloatField(default=_now)
+    group = models.CharField(max_length=200, null=True, blank=True)
+    priority = models.SmallIntegerField(default=0)
+    #: when the message's ``ttl`` runs out (None: never)
+    expires_at = models.FloatField(null=True, blank=True)
+    dead_reason = models.CharField(
+        max_length=16, null=True, blank=True, choices=[(r, r) for r in DEAD_REASONS]
+    )
 
     class Meta:
         db_table = "leasecast_message"
         indexes = [
-            # Ready messages in enqueue order: the head of the queue.
+            # Ready messages in delivery order: the head of the queue.
             models.Index(
-                fields=["queue", "id"],
-                name="lc_msg_ready",
+                "queue",
+                models.F("priority").desc(),
+                "id",
+                name="lc_msg_ready_prio",
                 condition=models.Q(state=StoredState.READY),
+            ),
+            # A group's messages in enqueue order: its head and what waits
+            # behind it (gateway.store.groups).
+            models.Index(
+                fields=["queue", "group", "id"],
+                name="lc_msg_group",
+                condition=models.Q(group__isnull=False),
+            ),
+            # Messages with a ttl still to run out, by expiry (dead-lettering
+            # clears ``expires_at``, so dead messages leave this index).
+            models.Index(
+                fields=["queue", "expires_at"],
+                name="lc_msg_expiry",
+                condition=models.Q(expires_at__isnull=False),
             ),
             # Leased and delayed messages by the time they come due.
             models.Index(
@@ -149,6 +195,9 @@ class StagedMessage(models.Model):
     body = models.TextField()
     key = models.CharField(max_length=512, null=True, blank=True)
     delay = models.FloatField(default=0.0)
+    group = models.CharField(max_length=200, null=True, blank=True)
+    priority = models.SmallIntegerField(default=0)
+    ttl = models.FloatField(null=True, blank=True)
     staged_at = models.FloatField(default=_now)
 
     class Meta:

@@ -22,12 +22,16 @@ from typing import Any, Literal, TypeAlias
 import orjson
 
 from gateway.errors import BadFrame, Invalid, TooLarge, UnknownOp
+from gateway.leases import MAX_TIMEOUT
 
 __all__ = [
     "MAX_BATCH",
     "MAX_DELAY",
+    "MAX_GROUP_LENGTH",
     "MAX_KEY_LENGTH",
+    "MAX_PRIORITY",
     "MAX_TIMEOUT",
+    "MAX_TTL",
     "NAME_RE",
     "AckFrame",
     "AckManyFrame",
@@ -61,8 +65,12 @@ NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
 MAX_KEY_LENGTH = 512
 #: Longest delay accepted: one year, in seconds.
 MAX_DELAY = 365 * 24 * 3600.0
-#: Longest lease accepted for ``extend`` and ``visibility_timeout``: 12 hours.
-MAX_TIMEOUT = 12 * 3600.0
+#: Longest ordering group name (protocol 1.1: groups).
+MAX_GROUP_LENGTH = 200
+#: Priorities run -MAX_PRIORITY..MAX_PRIORITY (protocol 1.1: priority).
+MAX_PRIORITY = 100
+#: Longest ``ttl`` accepted: one year, in seconds.
+MAX_TTL = 365 * 24 * 3600.0
 #: Most follow-up messages one ``ack`` may enqueue.
 MAX_FOLLOW_UPS = 1000
 #: Most messages of one ``enqueue_many`` or receipts of one ``ack_many``.
@@ -78,11 +86,18 @@ class Limits:
 
 @dataclass(frozen=True, slots=True)
 class EnqueueSpec:
-    """One message to enqueue: its canonical JSON body, idempotency key and delay."""
+    """One message to enqueue: its canonical JSON body and the ENQUEUE options.
+
+    ``group``, ``priority`` and ``ttl`` are the protocol 1.1 fields; their
+    defaults are what a v1 client gets.
+    """
 
     body_json: bytes
     key: str | None = None
     delay: float = 0.0
+    group: str | None = None
+    priority: int = 0
+    ttl: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +296,44 @@ def parse_enqueue_spec(obj: object, limits: Limits) -> EnqueueSpec:
             # PostgreSQL cannot store U+0000 in text: refused here, the same
             # on every backend, rather than failing in the store.
             raise Invalid("key must not contain U+0000")
-    return EnqueueSpec(body_json=_read_body(obj, limits), key=key, delay=_read_delay(obj))
+    return EnqueueSpec(
+        body_json=_read_body(obj, limits),
+        key=key,
+        delay=_read_delay(obj),
+        group=_read_group(obj),
+        priority=_read_priority(obj),
+        ttl=_read_ttl(obj),
+    )
+
+
+def _read_group(obj: dict[str, Any]) -> str | None:
+    group = obj.get("group")
+    if group is None:
+        return None
+    if not isinstance(group, str):
+        raise BadFrame("field 'group' must be a string")
+    if not 1 <= len(group) <= MAX_GROUP_LENGTH:
+        raise Invalid(f"group must be 1-{MAX_GROUP_LENGTH} characters")
+    if "\x00" in group:
+        raise Invalid("group must not contain U+0000")
+    return group
+
+
+def _read_priority(obj: dict[str, Any]) -> int:
+    priority = read_number(obj, "priority", 0.0)
+    # JSON has one number type: 5.0 is the integer 5, 5.5 is out of range.
+    if priority != int(priority) or not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+        raise Invalid(f"priority must be an integer -{MAX_PRIORITY}..{MAX_PRIORITY}")
+    return int(priority)
+
+
+def _read_ttl(obj: dict[str, Any]) -> float | None:
+    if obj.get("ttl") is None:
+        return None
+    ttl = read_number(obj, "ttl")
+    if not 0 < ttl <= MAX_TTL:
+        raise Invalid(f"ttl must be > 0 and <= {MAX_TTL:.0f} seconds")
+    return ttl
 
 
 def _read_queue(obj: dict[str, Any]) -> str | None:
@@ -449,25 +501,46 @@ def encode_error(code: str, detail: str, ref: Ref = None) -> str:
     return encode({"op": "error", "code": code, "detail": detail}, ref)
 
 
-def encode_deliveries(queue: str, items: list[tuple[str, str, str, int, float]]) -> str:
+def _extra_fields(group: str | None, priority: int) -> str:
+    """The protocol 1.1 fields of a delivery, present when the message has them."""
+    if group is None and priority == 0:
+        return ""
+    text = f',"priority":{priority}'
+    if group is not None:
+        text += f',"group":{orjson.dumps(group).decode()}'
+    return text
+
+
+def encode_deliveries(
+    queue: str, items: list[tuple[str, str, str, int, float, str | None, int]]
+) -> str:
     """Extension: several deliveries in one ``deliveries`` frame (``?batch=N`` sockets).
 
-    ``items`` are ``(id, receipt, body_json, deliveries, expires_in)``.
+    ``items`` are ``(id, receipt, body_json, deliveries, expires_in, group, priority)``.
     """
     parts = [
         f'{{"id":"{msg_id}","receipt":"{receipt}","body":{body_json},'
-        f'"deliveries":{deliveries},"expires_in":{expires_in:.3f}}}'
-        for msg_id, receipt, body_json, deliveries, expires_in in items
+        f'"deliveries":{deliveries},"expires_in":{expires_in:.3f}'
+        f"{_extra_fields(group, priority)}}}"
+        for msg_id, receipt, body_json, deliveries, expires_in, group, priority in items
     ]
     return f'{{"op":"deliveries","queue":"{queue}","items":[{",".join(parts)}]}}'
 
 
 def encode_deliver(
-    queue: str, msg_id: str, receipt: str, body_json: str, deliveries: int, expires_in: float
+    queue: str,
+    msg_id: str,
+    receipt: str,
+    body_json: str,
+    deliveries: int,
+    expires_in: float,
+    group: str | None = None,
+    priority: int = 0,
 ) -> str:
     """Encode a ``deliver`` frame, splicing the stored body JSON in unparsed."""
     # The body was validated and canonicalised on enqueue, so splicing is safe.
     return (
         f'{{"op":"deliver","queue":"{queue}","id":"{msg_id}","receipt":"{receipt}",'
-        f'"body":{body_json},"deliveries":{deliveries},"expires_in":{expires_in:.3f}}}'
+        f'"body":{body_json},"deliveries":{deliveries},"expires_in":{expires_in:.3f}'
+        f"{_extra_fields(group, priority)}}}"
     )

@@ -88,7 +88,7 @@ def test_requeue_leaves_visible_and_delayed_messages_alone(store: Store) -> None
     after = list(Message.objects.filter(queue__name=queue).values_list("state", "visible_at"))
     assert after == before
     (stats,) = store.run([Stats(queue)])
-    assert (stats["visible"], stats["delayed"]) == (1, 1)
+    assert (stats.visible, stats.delayed) == (1, 1)
 
 
 def test_redrive_resets_dead_messages(store: Store) -> None:
@@ -96,7 +96,7 @@ def test_redrive_resets_dead_messages(store: Store) -> None:
     Message.objects.filter(queue__name="ops-redrive").update(state=StoredState.DEAD, deliveries=5)
     assert operations.redrive(Queue.objects.get(name="ops-redrive")) == 2
     (stats,) = store.run([Stats("ops-redrive")])
-    assert (stats["visible"], stats["dead"]) == (2, 0)
+    assert (stats.visible, stats.dead) == (2, 0)
 
 
 def test_purge_while_workers_lease_loses_nothing_it_did_not_purge(store: Store) -> None:

@@ -73,7 +73,7 @@ from gateway.store import (
 )
 from tests.unit.test_leases import FakeClock
 
-READY, LEASED, DEAD, DELAYED = StoredState
+READY, LEASED, DEAD, DELAYED, WAITING = StoredState
 KEYS = ("k1", "k2", "k3")
 _machines = itertools.count()
 
@@ -519,7 +519,7 @@ class QueueMachine(RuleBasedStateMachine):
             for msg in self.msgs.values():
                 if msg.queue == name:
                     counts[msg.observed(self.now).value] += 1
-            assert {k: stats[k] for k in counts} == counts
+            assert {k: getattr(stats, k) for k in counts} == counts
 
 
 # -- the databases -------------------------------------------------------------

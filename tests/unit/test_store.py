@@ -101,7 +101,7 @@ def test_ack_deletes_and_second_ack_is_stale(store: Store, queue: str) -> None:
     (d,) = lease(store, queue).delivered
     assert isinstance(one(store, Ack(d.receipt)), AckResult)
     assert isinstance(one(store, Ack(d.receipt)), StaleReceipt)
-    assert one(store, Stats(queue))["visible"] == 0
+    assert one(store, Stats(queue)).visible == 0
 
 
 def test_expired_lease_is_visible_and_old_receipt_stale(
@@ -115,7 +115,7 @@ def test_expired_lease_is_visible_and_old_receipt_stale(
     assert second.deliveries == 2 and second.id == first.id
     for op in (Ack(first.receipt), Nack(queue, first.receipt), Reject(first.receipt)):
         assert isinstance(one(store, op), StaleReceipt)
-    assert one(store, Stats(queue))["in_flight"] == 1  # the new lease is untouched
+    assert one(store, Stats(queue)).in_flight == 1  # the new lease is untouched
     assert isinstance(one(store, Ack(second.receipt)), AckResult)
 
 
@@ -126,7 +126,7 @@ def test_nack_with_delay_keeps_the_original_place(
     (d,) = lease(store, queue).delivered
     assert one(store, Nack(queue, d.receipt, delay=10)) is None
     enqueue(store, queue, "new")
-    assert one(store, Stats(queue))["delayed"] == 1
+    assert one(store, Stats(queue)).delayed == 1
     assert bodies(lease(store, queue, 1)) == ['"new"']
     clock.advance(10)
     enqueue(store, queue, "newer")
@@ -140,7 +140,7 @@ def test_reject_dead_letters_and_redrive_resets(store: Store, queue: str) -> Non
     (d,) = lease(store, queue).delivered
     assert one(store, Reject(d.receipt)) is None
     stats = one(store, Stats(queue))
-    assert (stats["dead"], stats["visible"]) == (1, 0)
+    assert (stats.dead, stats.visible) == (1, 0)
     assert one(store, Redrive(queue)) == 1
     (again,) = lease(store, queue).delivered
     assert again.deliveries == 1
@@ -156,8 +156,8 @@ def test_max_deliveries_dead_letters_instead_of_delivering(store: Store, queue: 
     assert got.dead_lettered == 1
     assert bodies(got) == ['"fine"']  # the round refilled past the dead one
     stats = one(store, Stats(queue))
-    assert stats["dead"] == 1
-    assert stats["in_flight"] == 1
+    assert stats.dead == 1
+    assert stats.in_flight == 1
 
 
 def test_dedup_within_window_even_after_ack(store: Store, queue: str, clock: FakeClock) -> None:
@@ -177,7 +177,7 @@ def test_same_key_twice_in_one_batch(store: Store, queue: str) -> None:
     results = one(store, Enqueue(queue, [msg(1, key="x"), msg(2), msg(3, key="x")]))
     assert [r.duplicate for r in results] == [False, False, True]
     assert results[2].id == results[0].id
-    assert one(store, Stats(queue))["visible"] == 2
+    assert one(store, Stats(queue)).visible == 2
 
 
 def test_keys_are_per_queue(store: Store, queue: str) -> None:
@@ -192,11 +192,11 @@ def test_ack_with_follow_ups_is_atomic(store: Store, queue: str) -> None:
     other = queue + "-next"
     result = one(store, Ack(d.receipt, [(other, msg("f1")), (queue, msg("f2"))]))
     assert [r.duplicate for r in result.enqueued] == [False, False]
-    assert one(store, Stats(other))["visible"] == 1
+    assert one(store, Stats(other)).visible == 1
     # A stale ack enqueues nothing.
     stale = one(store, Ack(d.receipt, [(other, msg("f3"))]))
     assert isinstance(stale, StaleReceipt)
-    assert one(store, Stats(other))["visible"] == 1
+    assert one(store, Stats(other)).visible == 1
 
 
 def test_release_makes_visible_at_once(store: Store, queue: str) -> None:
@@ -246,7 +246,7 @@ def test_mixed_batch_applies_in_order_and_batches_plain_acks(store: Store, queue
     assert results[3][0].duplicate is False
     assert isinstance(results[4], StaleReceipt)
     assert results[5] is None
-    assert one(store, Stats(queue))["visible"] == 2
+    assert one(store, Stats(queue)).visible == 2
 
 
 def test_a_poisoned_op_fails_alone(store: Store, queue: str) -> None:
@@ -280,7 +280,7 @@ def test_staged_messages_are_invisible_until_committed(store: Store, queue: str)
     # A retried task replaces its partition's staging.
     assert one(store, Stage(txn, 1, queue, [msg("p1-a"), msg("k", key="once")])).messages == 2
     assert lease(store, queue).delivered == []  # invisible to workers and stats
-    assert one(store, Stats(queue))["visible"] == 0
+    assert one(store, Stats(queue)).visible == 0
     committed = one(store, CommitTxn(txn))
     assert (committed.state, committed.messages, committed.already) == ("committed", 4, False)
     assert bodies(lease(store, queue)) == ['"p0-a"', '"p0-b"', '"p1-a"', '"k"']
@@ -299,7 +299,7 @@ def test_aborted_staging_is_discarded(store: Store, queue: str) -> None:
     one(store, Stage(txn, 0, queue, [msg(1), msg(2)]))
     assert one(store, AbortTxn(txn)).messages == 2
     assert isinstance(one(store, CommitTxn(txn)), ProtocolError)
-    assert one(store, Stats(queue))["visible"] == 0
+    assert one(store, Stats(queue)).visible == 0
 
 
 def test_commit_of_an_empty_batch_is_remembered(store: Store, queue: str) -> None:

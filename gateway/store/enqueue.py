@@ -1,0 +1,170 @@
+"""Enqueue: inserts, idempotency keys, and bounded queues (protocol: Enqueue; 1.1 additions).
+
+A message of a group is inserted WAITING; the group is settled before the
+commit (``gateway.store.groups``), which makes it the head if its group had
+none. A bounded queue (``max_length`` > 0) is counted after the insert, inside
+a savepoint, so a refused enqueue changes nothing (not even its key's claim).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.errors import QueueFull
+from gateway.leases import StoredState
+from gateway.protocol import EnqueueSpec
+from gateway.store.leasing import dead_letter_ids, expire
+from gateway.store.ops import Enqueue, EnqueueResult
+from gateway.store.txn import QueueRow, Txn
+
+__all__ = ["enqueue", "enqueue_plain", "is_plain_enqueue"]
+
+_INSERT_CHUNK = 500  # rows per INSERT statement: well under SQLite's variable limit
+
+#: Messages that count against ``max_length``: visible or delayed, not in flight.
+COUNTED = "(state IN (0, 3, 4) OR (state = 1 AND visible_at <= %s))"
+
+
+def enqueue(txn: Txn, queue: str, specs: Sequence[EnqueueSpec]) -> list[EnqueueResult]:
+    """Enqueue ``specs`` to ``queue`` in order, all or nothing.
+
+    Raises:
+        QueueFull: the queue is bounded and they do not fit (``drop_newest``
+            or ``block``); nothing was applied.
+    """
+    q = txn.queue(queue, create=True)
+    if not q.settings.max_length:
+        return _enqueue_into(txn, q, specs)
+    with txn.savepoint():
+        results = _enqueue_into(txn, q, specs)
+        if any(not r.duplicate for r in results):
+            _enforce_length(txn, q)
+    return results
+
+
+def is_plain_enqueue(txn: Txn, op: object) -> bool:
+    """True for an enqueue that can share one INSERT with its neighbours: no
+    idempotency keys, and a queue without ``max_length``."""
+    if not isinstance(op, Enqueue) or any(spec.key is not None for spec in op.messages):
+        return False
+    return not txn.queue(op.queue, create=True).settings.max_length
+
+
+def enqueue_plain(txn: Txn, ops: Sequence[Enqueue]) -> list[list[EnqueueResult]]:
+    """Apply a run of plain enqueues (see :func:`is_plain_enqueue`) as one INSERT."""
+    rows: list[tuple[QueueRow, EnqueueSpec]] = []
+    for op in ops:
+        q = txn.queue(op.queue, create=True)
+        rows += [(q, spec) for spec in op.messages]
+    ids = iter(insert(txn, rows))
+    return [[EnqueueResult(str(next(ids)), False) for _ in op.messages] for op in ops]
+
+
+def insert(txn: Txn, rows: Sequence[tuple[QueueRow, EnqueueSpec]]) -> list[int]:
+    """Insert messages; returns their ids in the order given."""
+    now = txn.now
+    ids: list[int] = []
+    for start in range(0, len(rows), _INSERT_CHUNK):
+        chunk = rows[start : start + _INSERT_CHUNK]
+        values: list[tuple[Any, ...]] = []
+        for q, spec in chunk:
+            if spec.group is not None:
+                state = StoredState.WAITING
+                txn.unsettle(q.id, spec.group)
+            else:
+                state = StoredState.DELAYED if spec.delay > 0 else StoredState.READY
+            values.append(
+                (
+                    q.id,
+                    spec.body_json.decode(),
+                    spec.key,
+                    int(state),
+                    now + spec.delay,
+                    now,
+                    spec.group,
+                    spec.priority,
+                    None if spec.ttl is None else now + spec.ttl,
+                )
+            )
+            txn.woken.add(q.name)
+        # Ids grow in insertion order, and RETURNING's row order is not
+        # promised by either database: sorting restores the given order.
+        ids += sorted(row[0] for row in txn.exec(*txn.dialect.insert(values)).fetchall())
+    return ids
+
+
+def _enqueue_into(txn: Txn, q: QueueRow, specs: Sequence[EnqueueSpec]) -> list[EnqueueResult]:
+    results: list[EnqueueResult | None] = [None] * len(specs)
+    plain: list[int] = []
+
+    def flush() -> None:
+        ids = insert(txn, [(q, specs[i]) for i in plain])
+        for i, msg_id in zip(plain, ids, strict=True):
+            results[i] = EnqueueResult(str(msg_id), False)
+        plain.clear()
+
+    for index, spec in enumerate(specs):
+        if spec.key is None:
+            plain.append(index)
+            continue
+        # Keyed messages go one by one, in order, so a key repeated inside
+        # one batch is a duplicate of its first occurrence.
+        if plain:
+            flush()
+        results[index] = _enqueue_keyed(txn, q, spec)
+    if plain:
+        flush()
+    return [r for r in results if r is not None]
+
+
+def _enqueue_keyed(txn: Txn, q: QueueRow, spec: EnqueueSpec) -> EnqueueResult:
+    # Claim the key first: the upsert takes it if new or expired. On
+    # PostgreSQL a concurrent claimer waits on the unique index, so two
+    # gateways cannot both enqueue one key.
+    now = txn.now
+    claimed = txn.exec(
+        'INSERT INTO leasecast_dedup (queue_id, "key", msg_id, expires_at) '
+        'VALUES (%s, %s, 0, %s) ON CONFLICT (queue_id, "key") DO UPDATE '
+        "SET msg_id = 0, expires_at = excluded.expires_at "
+        "WHERE leasecast_dedup.expires_at <= %s RETURNING queue_id",
+        (q.id, spec.key, now + q.settings.dedup_window, now),
+    ).fetchone()
+    if claimed is None:
+        existing = txn.exec(
+            'SELECT msg_id FROM leasecast_dedup WHERE queue_id = %s AND "key" = %s',
+            (q.id, spec.key),
+        ).fetchone()
+        return EnqueueResult(str(existing[0]), True)
+    (msg_id,) = insert(txn, [(q, spec)])
+    txn.exec(
+        'UPDATE leasecast_dedup SET msg_id = %s WHERE queue_id = %s AND "key" = %s',
+        (msg_id, q.id, spec.key),
+    )
+    return EnqueueResult(str(msg_id), False)
+
+
+def _enforce_length(txn: Txn, q: QueueRow) -> None:
+    """After an insert into a bounded queue: apply its overflow policy if it is over."""
+    expire(txn, q)  # expired messages no longer count
+    (count,) = txn.exec(
+        f"SELECT COUNT(*) FROM leasecast_message WHERE queue_id = %s AND {COUNTED}",
+        (q.id, txn.now),
+    ).fetchone()
+    excess = count - q.settings.max_length
+    if excess <= 0:
+        return
+    if q.settings.overflow == "drop_oldest":
+        # "Oldest" is earliest enqueued, whatever the priority (protocol 1.1).
+        oldest = txn.exec(
+            f"SELECT id FROM leasecast_message WHERE queue_id = %s AND {COUNTED} "
+            "ORDER BY id LIMIT %s",
+            (q.id, txn.now, excess),
+        ).fetchall()
+        dead_letter_ids(txn, [row[0] for row in oldest], "overflow")
+        return
+    raise QueueFull(
+        f"queue {q.name!r} holds its max_length of {q.settings.max_length} messages",
+        queue=q.name,
+        may_wait=q.settings.overflow == "block",
+    )

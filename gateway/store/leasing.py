@@ -1,0 +1,267 @@
+"""Leases and how they end: lease rounds, ack, nack, reject, extend, release, expiry.
+
+Leasing is one statement per round (DESIGN decision 2, ``Dialect.lease``). A
+receipt names one delivery (DESIGN decision 4): every statement that ends a
+lease checks the lease token, that the lease has not timed out, and that the
+message's ``ttl`` has not run out, so a stale receipt changes nothing.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+
+from gateway.errors import StaleReceipt
+from gateway.leases import DeadReason, format_receipt, lease_outcome, parse_receipt, release_state
+from gateway.store.ops import (
+    Ack,
+    AckResult,
+    Delivered,
+    EnqueueResult,
+    Extend,
+    Lease,
+    LeaseResult,
+    Nack,
+    Release,
+)
+from gateway.store.txn import QueueRow, Txn
+
+__all__ = [
+    "ack",
+    "ack_plain",
+    "dead_letter_ids",
+    "expire",
+    "extend",
+    "lease",
+    "nack",
+    "reject",
+    "release",
+]
+
+_ACK_CHUNK = 500
+_STALE = "the receipt is not a current lease (acked, expired or redelivered)"
+#: A lease is current while its timeout and its message's ttl both lie ahead.
+_CURRENT = (
+    "lease_token = %s AND state = 1 AND visible_at > %s AND (expires_at IS NULL OR expires_at > %s)"
+)
+
+
+def expire(txn: Txn, q: QueueRow) -> int:
+    """Dead-letter (reason ``expired``) every message of ``q`` whose ttl has run out."""
+    rows = txn.exec(
+        "UPDATE leasecast_message SET state = 2, dead_reason = 'expired', lease_token = NULL, "
+        'expires_at = NULL WHERE queue_id = %s AND expires_at <= %s RETURNING "group"',
+        (q.id, txn.now),
+    ).fetchall()
+    for (group,) in rows:
+        txn.unsettle(q.id, group)
+    return len(rows)
+
+
+def dead_letter_ids(txn: Txn, ids: Sequence[int], reason: DeadReason) -> None:
+    """Dead-letter these messages with ``reason`` (their leases become stale)."""
+    if not ids:
+        return
+    # A dead message has no ttl left: a requeue or redrive gives it a fresh start.
+    rows = txn.exec(
+        "UPDATE leasecast_message SET state = 2, dead_reason = %s, lease_token = NULL, "
+        "expires_at = NULL WHERE id IN (" + ",".join(["%s"] * len(ids)) + ") "
+        'RETURNING queue_id, "group"',
+        (reason, *ids),
+    ).fetchall()
+    for queue_id, group in rows:
+        txn.unsettle(queue_id, group)
+
+
+def lease(txn: Txn, op: Lease) -> LeaseResult:
+    """Lease up to ``op.n`` messages, dead-lettering those past ``max_deliveries``."""
+    q = txn.queue(op.queue, create=True)
+    expire(txn, q)
+    now = txn.now
+    timeout = op.visibility_timeout or q.settings.visibility_timeout
+    result = LeaseResult()
+    wanted = op.n
+    while wanted > 0:
+        token = secrets.randbits(62)
+        rows = txn.exec(*txn.dialect.lease(q.id, wanted, now, now + timeout, token)).fetchall()
+        # RETURNING's order is not promised: restore delivery order.
+        rows.sort(key=lambda row: (-row[4], row[0]))
+        dead: list[int] = []
+        for msg_id, body, deliveries, group, priority, lease_end in rows:
+            if lease_outcome(deliveries, q.settings.max_deliveries) == "dead_letter":
+                dead.append(msg_id)
+            else:
+                result.delivered.append(
+                    Delivered(
+                        str(msg_id),
+                        format_receipt(msg_id, token),
+                        body,
+                        deliveries,
+                        lease_end,
+                        group,
+                        priority,
+                    )
+                )
+        if dead:
+            # Not delivered after all: the raised count is put back, so a
+            # dead message shows the deliveries it really had.
+            txn.exec(
+                "UPDATE leasecast_message SET deliveries = deliveries - 1 WHERE id IN ("
+                + ",".join(["%s"] * len(dead))
+                + ")",
+                dead,
+            )
+            dead_letter_ids(txn, dead, "max_deliveries")
+            result.dead_lettered += len(dead)
+        asked, wanted = wanted, wanted - (len(rows) - len(dead))
+        if len(rows) < asked:
+            break  # the queue ran dry; otherwise refill what was dead-lettered
+    if len(result.delivered) < op.n:
+        due = txn.exec(
+            "SELECT MIN(visible_at) FROM leasecast_message WHERE queue_id = %s AND state IN (1, 3)",
+            (q.id,),
+        ).fetchone()[0]
+        expiring = txn.exec(
+            "SELECT MIN(expires_at) FROM leasecast_message "
+            "WHERE queue_id = %s AND expires_at IS NOT NULL",
+            (q.id,),
+        ).fetchone()[0]
+        times = [t for t in (due, expiring) if t is not None]
+        result.next_due = min(times) if times else None
+    return result
+
+
+def _parse(receipt: str) -> tuple[int, int]:
+    parsed = parse_receipt(receipt)
+    if parsed is None:
+        raise StaleReceipt(f"receipt {receipt[:60]!r} was never issued")
+    return parsed
+
+
+def _end_lease(txn: Txn, receipt: str, set_sql: str, params: Sequence[object]) -> tuple[int, str]:
+    """Apply ``set_sql`` to the message of a current lease; returns (queue id, group)."""
+    msg_id, token = _parse(receipt)
+    row = txn.exec(
+        f"UPDATE leasecast_message SET {set_sql} WHERE id = %s AND {_CURRENT} "
+        'RETURNING queue_id, "group"',
+        (*params, msg_id, token, txn.now, txn.now),
+    ).fetchone()
+    if row is None:
+        raise StaleReceipt(_STALE)
+    return row[0], row[1]
+
+
+def ack(txn: Txn, op: Ack) -> AckResult:
+    """Delete a leased message and enqueue its follow-ups, all or nothing."""
+    from gateway.store.enqueue import enqueue
+
+    if not op.follow_ups:
+        return _ack_one(txn, op.receipt)
+    # A follow-up refused by a bounded queue must take the ack back with it.
+    with txn.savepoint():
+        _ack_one(txn, op.receipt)
+        by_queue: dict[str, list[int]] = {}
+        for index, (queue, _) in enumerate(op.follow_ups):
+            by_queue.setdefault(queue, []).append(index)
+        slots: list[EnqueueResult | None] = [None] * len(op.follow_ups)
+        for queue, indices in by_queue.items():
+            specs = [op.follow_ups[i][1] for i in indices]
+            for i, res in zip(indices, enqueue(txn, queue, specs), strict=True):
+                slots[i] = res
+    return AckResult([s for s in slots if s is not None])
+
+
+def _ack_one(txn: Txn, receipt: str) -> AckResult:
+    msg_id, token = _parse(receipt)
+    row = txn.exec(
+        f'DELETE FROM leasecast_message WHERE id = %s AND {_CURRENT} RETURNING queue_id, "group"',
+        (msg_id, token, txn.now, txn.now),
+    ).fetchone()
+    if row is None:
+        raise StaleReceipt(_STALE)
+    txn.unsettle(row[0], row[1])
+    return AckResult([])
+
+
+def ack_plain(txn: Txn, ops: Sequence[Ack]) -> list[AckResult | StaleReceipt]:
+    """Apply a run of acks without follow-ups with one DELETE per chunk."""
+    results: list[AckResult | StaleReceipt] = [StaleReceipt(_STALE)] * len(ops)
+    wanted: dict[int, tuple[int, int]] = {}  # op index -> (id, token)
+    for k, op in enumerate(ops):
+        parsed = parse_receipt(op.receipt)
+        if parsed is None:
+            results[k] = StaleReceipt(f"receipt {op.receipt[:60]!r} was never issued")
+        else:
+            wanted[k] = parsed
+    deleted: set[tuple[int, int]] = set()
+    pairs = list(dict.fromkeys(wanted.values()))
+    for start in range(0, len(pairs), _ACK_CHUNK):
+        chunk = pairs[start : start + _ACK_CHUNK]
+        for msg_id, token, queue_id, group in txn.exec(
+            *txn.dialect.ack_many(chunk, txn.now)
+        ).fetchall():
+            deleted.add((msg_id, token))
+            txn.unsettle(queue_id, group)
+    for k, pair in wanted.items():
+        if pair in deleted:
+            deleted.discard(pair)  # a receipt repeated in one batch acks once
+            results[k] = AckResult([])
+    return results
+
+
+def nack(txn: Txn, op: Nack) -> None:
+    """Release a lease; visible again after ``op.delay`` (a group keeps its head)."""
+    state = int(release_state(op.delay))
+    _end_lease(
+        txn,
+        op.receipt,
+        "state = %s, visible_at = %s, lease_token = NULL",
+        (state, txn.now + op.delay),
+    )
+    txn.woken.add(op.queue)
+
+
+def reject(txn: Txn, receipt: str) -> None:
+    """Dead-letter a leased message now (reason ``rejected``)."""
+    queue_id, group = _end_lease(
+        txn,
+        receipt,
+        "state = 2, lease_token = NULL, dead_reason = 'rejected', expires_at = NULL",
+        (),
+    )
+    txn.unsettle(queue_id, group)
+
+
+def extend(txn: Txn, op: Extend) -> float:
+    """Move a lease's end to ``op.timeout`` from now (never past the message's ttl)."""
+    end = txn.now + op.timeout
+    msg_id, token = _parse(op.receipt)
+    row = txn.exec(
+        "UPDATE leasecast_message "
+        "SET visible_at = CASE WHEN expires_at < %s THEN expires_at ELSE %s END "
+        f"WHERE id = %s AND {_CURRENT} RETURNING visible_at",
+        (end, end, msg_id, token, txn.now, txn.now),
+    ).fetchone()
+    if row is None:
+        raise StaleReceipt(_STALE)
+    return float(row[0])
+
+
+def release(txn: Txn, op: Release) -> int:
+    """Hand leases back at once (a closed socket); stale receipts are skipped."""
+    released = 0
+    for receipt in op.receipts:
+        parsed = parse_receipt(receipt)
+        if parsed is None:
+            continue
+        # No visible_at test: an expired lease not yet taken again is still
+        # ours to hand back, which makes it visible a little sooner. A group's
+        # head stays its head, so the group keeps its order.
+        released += txn.exec(
+            "UPDATE leasecast_message SET state = 0, visible_at = %s, lease_token = NULL "
+            "WHERE id = %s AND lease_token = %s AND state = 1",
+            (txn.now, *parsed),
+        ).rowcount
+    if released:
+        txn.woken.add(op.queue)
+    return released

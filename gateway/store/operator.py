@@ -1,0 +1,237 @@
+"""What operators see and do: stats, settings, browsing, purge, redrive, requeue, delete.
+
+These run through the store like every other op (HTTP API), and also on
+Django's own connection for the admin (``dashboard.operations``), so both
+apply the same rules, groups included.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.errors import Invalid, NotFound
+from gateway.leases import QueueSettings, StoredState
+from gateway.store.leasing import expire
+from gateway.store.ops import BrowsedMessage, BrowsePage, BrowseState, QueueStats
+from gateway.store.txn import QueueRow, Txn
+
+__all__ = [
+    "all_stats",
+    "browse",
+    "configure",
+    "delete_message",
+    "purge",
+    "redrive",
+    "requeue_ids",
+    "requeue_message",
+    "stats",
+]
+
+READY, LEASED, DEAD, DELAYED, WAITING = (int(s) for s in StoredState)
+
+#: Which stored rows are in each protocol state at time %s (see gateway.leases).
+_STATE_SQL: dict[str, str] = {
+    "visible": "state <> 2 AND visible_at <= %s",
+    "delayed": "state IN (3, 4) AND visible_at > %s",
+    "in_flight": "state = 1 AND visible_at > %s",
+}
+
+
+def stats(txn: Txn, q: QueueRow) -> QueueStats:
+    """Counts per protocol state, the age of the oldest visible message, and settings."""
+    expire(txn, q)
+    now = txn.now
+    counts = {"visible": 0, "delayed": 0, "in_flight": 0, "dead": 0}
+    oldest: float | None = None
+    for state, due, count, first in txn.exec(
+        "SELECT state, visible_at <= %s AS due, COUNT(*), MIN(enqueued_at) "
+        "FROM leasecast_message WHERE queue_id = %s GROUP BY 1, 2",
+        (now, q.id),
+    ).fetchall():
+        if state == DEAD:
+            counts["dead"] += count
+        elif state == READY or due:
+            counts["visible"] += count
+            oldest = first if oldest is None else min(oldest, first)
+        elif state == LEASED:
+            counts["in_flight"] += count
+        else:
+            counts["delayed"] += count
+    return QueueStats(
+        name=q.name,
+        oldest_visible_age=None if oldest is None else max(0.0, now - oldest),
+        settings=q.settings,
+        **counts,
+    )
+
+
+def all_stats(txn: Txn) -> list[QueueStats]:
+    """:func:`stats` of every queue, by name."""
+    names = txn.exec("SELECT name FROM leasecast_queue ORDER BY name").fetchall()
+    return [stats(txn, txn.queue(name, create=False)) for (name,) in names]
+
+
+def configure(txn: Txn, name: str, settings: QueueSettings) -> QueueStats:
+    """Store ``settings`` for queue ``name`` (creating it); its new ``GET`` document."""
+    return stats(txn, txn.queues.configure(txn, name, settings))
+
+
+def purge(txn: Txn, q: QueueRow) -> int:
+    """Delete every message of ``q`` that is not in flight; returns how many."""
+    # In flight means leased and not expired: those stay with their workers,
+    # and stay their groups' heads.
+    purged: int = txn.exec(
+        "DELETE FROM leasecast_message WHERE queue_id = %s AND NOT (state = 1 AND visible_at > %s)",
+        (q.id, txn.now),
+    ).rowcount
+    return purged
+
+
+def redrive(txn: Txn, q: QueueRow) -> int:
+    """Move every dead message of ``q`` back to visible, delivery count reset."""
+    rows = txn.exec(
+        "UPDATE leasecast_message SET "
+        'state = CASE WHEN "group" IS NULL THEN 0 ELSE 4 END, visible_at = %s, '
+        "deliveries = 0, lease_token = NULL, dead_reason = NULL "
+        'WHERE queue_id = %s AND state = 2 RETURNING "group"',
+        (txn.now, q.id),
+    ).fetchall()
+    for (group,) in rows:
+        txn.unsettle(q.id, group)
+    if rows:
+        txn.woken.add(q.name)
+    return len(rows)
+
+
+def requeue_ids(txn: Txn, ids: list[int], queue_id: int | None = None) -> int:
+    """Make dead or leased messages visible again, delivery count reset.
+
+    An operator's requeue is a fresh start: a message dead-lettered for
+    exceeding ``max_deliveries`` is delivered at the next lease instead of
+    being dead-lettered again, and a leased message's lease token is cleared,
+    so its old receipt is stale. A message of a group waits for its group's
+    current head, so the group keeps its order and one message in flight.
+    Messages waiting for a lease (ready, delayed, waiting) are left alone.
+
+    Args:
+        ids: message ids.
+        queue_id: if given, only messages of this queue.
+
+    Returns:
+        How many messages changed.
+    """
+    if not ids:
+        return 0
+    marks = ",".join(["%s"] * len(ids))
+    where = f"id IN ({marks}) AND state IN (1, 2)"
+    params: list[object] = [txn.now, *ids]
+    if queue_id is not None:
+        where += " AND queue_id = %s"
+        params.append(queue_id)
+    rows = txn.exec(
+        "UPDATE leasecast_message SET "
+        'state = CASE WHEN "group" IS NULL THEN 0 ELSE 4 END, visible_at = %s, '
+        f"deliveries = 0, lease_token = NULL, dead_reason = NULL WHERE {where} "
+        'RETURNING queue_id, "group"',
+        params,
+    ).fetchall()
+    for row_queue, group in rows:
+        txn.unsettle(row_queue, group)
+        txn.woken.add(txn.queues.name_of(txn, row_queue))
+    return len(rows)
+
+
+def delete_message(txn: Txn, q: QueueRow, msg_id: int) -> int:
+    """Delete one message in any state; its group's next message may go.
+
+    Raises:
+        NotFound: ``q`` has no message ``msg_id``.
+    """
+    row = txn.exec(
+        'DELETE FROM leasecast_message WHERE id = %s AND queue_id = %s RETURNING "group"',
+        (msg_id, q.id),
+    ).fetchone()
+    if row is None:
+        raise NotFound(f"queue {q.name!r} has no message {msg_id}")
+    txn.unsettle(q.id, row[0])
+    return 1
+
+
+def requeue_message(txn: Txn, q: QueueRow, msg_id: int) -> int:
+    """:func:`requeue_ids` for one message of ``q`` (0 if it was not dead or leased).
+
+    Raises:
+        NotFound: ``q`` has no message ``msg_id``.
+    """
+    found = txn.exec(
+        "SELECT 1 FROM leasecast_message WHERE id = %s AND queue_id = %s", (msg_id, q.id)
+    ).fetchone()
+    if found is None:
+        raise NotFound(f"queue {q.name!r} has no message {msg_id}")
+    return requeue_ids(txn, [msg_id], q.id)
+
+
+_BROWSE_COLUMNS = (
+    'id, state, body, deliveries, enqueued_at, "group", priority, dead_reason, visible_at, '
+    '"key", expires_at'
+)
+
+
+def browse(txn: Txn, q: QueueRow, state: BrowseState, limit: int, after: int | None) -> BrowsePage:
+    """A page of ``q``'s messages in ``state``, without leasing or changing them.
+
+    Visible messages come in delivery order (priority, then enqueue order);
+    the other states in enqueue order. ``after`` is the last id of the
+    previous page; if that message has meanwhile left the visible state, the
+    page goes on in enqueue order from it, whatever the priority.
+    """
+    if not 1 <= limit <= 1000:
+        raise Invalid("limit must be 1..1000")
+    expire(txn, q)
+    now = txn.now
+    params: list[object] = [q.id]
+    if state == "dead":
+        where = "state = 2"
+    else:
+        where = _STATE_SQL[state]
+        params.append(now)
+    order = "id"
+    if state == "visible":
+        order = "priority DESC, id"
+        if after is not None:
+            found = txn.exec(
+                "SELECT priority FROM leasecast_message WHERE id = %s AND queue_id = %s",
+                (after, q.id),
+            ).fetchone()
+            if found is not None:
+                where += " AND (priority < %s OR (priority = %s AND id > %s))"
+                params += [found[0], found[0], after]
+                after = None
+    if after is not None:
+        where += " AND id > %s"
+        params.append(after)
+    rows = txn.exec(
+        f"SELECT {_BROWSE_COLUMNS} FROM leasecast_message WHERE queue_id = %s AND {where} "
+        f"ORDER BY {order} LIMIT %s",
+        (*params, limit + 1),
+    ).fetchall()
+    page = [_browsed(row, state, now) for row in rows[:limit]]
+    return BrowsePage(page, page[-1].id if len(rows) > limit else None)
+
+
+def _browsed(row: Any, state: BrowseState, now: float) -> BrowsedMessage:
+    (msg_id, _, body, deliveries, enqueued_at, group, priority, reason, visible_at, key, exp) = row
+    timed = state in ("delayed", "in_flight")
+    return BrowsedMessage(
+        id=str(msg_id),
+        state=state,
+        body_json=str(body),
+        deliveries=int(deliveries),
+        enqueued_at=float(enqueued_at),
+        group=group,
+        priority=int(priority),
+        dead_reason=reason,
+        visible_in=round(float(visible_at) - now, 3) if timed else None,
+        key=key,
+        expires_in=None if exp is None else round(float(exp) - now, 3),
+    )

@@ -1,0 +1,384 @@
+"""The store's vocabulary: the operations it applies and the results it returns.
+
+Every operation is a frozen dataclass that names the type of its result
+(``Returns[T]``), so ``await engine.call(Stats("q"))`` is typed as
+:class:`QueueStats` and a reader finds every op and every result here. A
+refused operation's result is instead the :class:`~gateway.errors.ProtocolError`
+that refused it (and then it changed nothing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeAlias, TypeVar
+
+from gateway.errors import ProtocolError
+from gateway.leases import QueueSettings
+from gateway.protocol import EnqueueSpec
+
+__all__ = [
+    "AbortTxn",
+    "Ack",
+    "AckResult",
+    "Browse",
+    "BrowsePage",
+    "BrowsedMessage",
+    "CommitTxn",
+    "Configure",
+    "DeleteMessage",
+    "Delivered",
+    "Enqueue",
+    "EnqueueResult",
+    "EnsureQueue",
+    "Extend",
+    "Lease",
+    "LeaseResult",
+    "Nack",
+    "Op",
+    "Purge",
+    "QueueStats",
+    "Redrive",
+    "Reject",
+    "Release",
+    "RequeueMessage",
+    "Result",
+    "Returns",
+    "Stage",
+    "Stats",
+    "TxnResult",
+]
+
+T = TypeVar("T")
+
+#: The states a message can be browsed in (protocol 1.1: message browsing).
+BrowseState: TypeAlias = Literal["visible", "delayed", "in_flight", "dead"]
+
+
+class Returns(Generic[T]):
+    """Base of every op: ``T`` is the type of its result."""
+
+    __slots__ = ()
+
+
+# -- results -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    """The id given to an enqueued message, or the existing id of a duplicate key."""
+
+    id: str
+    duplicate: bool
+
+    def as_json(self) -> dict[str, Any]:
+        """The wire form ``{"id", "duplicate"}``."""
+        return {"id": self.id, "duplicate": self.duplicate}
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """One leased message, ready to be sent as a ``deliver`` frame."""
+
+    id: str
+    receipt: str
+    body: str
+    deliveries: int
+    #: when the lease ends: its timeout, or the message's ttl if sooner
+    expires_at: float
+    group: str | None = None
+    priority: int = 0
+
+
+@dataclass(slots=True)
+class LeaseResult:
+    """What a lease round got: deliveries in queue order, and when to look again."""
+
+    delivered: list[Delivered] = field(default_factory=list)
+    dead_lettered: int = 0
+    #: earliest time a leased, delayed or expiring message changes state
+    next_due: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AckResult:
+    """An ack's follow-up results, in order."""
+
+    enqueued: list[EnqueueResult]
+
+
+@dataclass(frozen=True, slots=True)
+class TxnResult:
+    """What a staging operation did: ``state`` is staged, committed or aborted."""
+
+    state: str
+    messages: int
+    already: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """One queue's counts per state and its settings (``GET /api/queues/QUEUE``)."""
+
+    name: str
+    visible: int
+    delayed: int
+    in_flight: int
+    dead: int
+    oldest_visible_age: float | None
+    settings: QueueSettings
+
+    def as_json(self) -> dict[str, Any]:
+        """The queue's ``GET`` document."""
+        return {
+            "name": self.name,
+            "visible": self.visible,
+            "delayed": self.delayed,
+            "in_flight": self.in_flight,
+            "dead": self.dead,
+            "oldest_visible_age": self.oldest_visible_age,
+            **self.settings.as_json(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class BrowsedMessage:
+    """One message as ``GET /api/queues/QUEUE/messages`` shows it."""
+
+    id: str
+    state: BrowseState
+    body_json: str
+    deliveries: int
+    enqueued_at: float
+    group: str | None
+    priority: int
+    dead_reason: str | None
+    visible_in: float | None
+    key: str | None
+    expires_in: float | None
+
+    def as_json(self) -> dict[str, Any]:
+        """The wire form; ``body`` is the stored JSON, parsed."""
+        import orjson
+
+        return {
+            "id": self.id,
+            "state": self.state,
+            "body": orjson.Fragment(self.body_json),
+            "deliveries": self.deliveries,
+            "enqueued_at": self.enqueued_at,
+            "group": self.group,
+            "priority": self.priority,
+            "dead_reason": self.dead_reason,
+            "visible_in": self.visible_in,
+            "key": self.key,
+            "expires_in": self.expires_in,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class BrowsePage:
+    """A page of browsed messages; ``next`` is the ``after`` of the next page, or None."""
+
+    messages: list[BrowsedMessage]
+    next: str | None
+
+    def as_json(self) -> dict[str, Any]:
+        """``{"messages": [...], "next": ID or null}``."""
+        return {"messages": [m.as_json() for m in self.messages], "next": self.next}
+
+
+# -- operations ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueue(Returns[list[EnqueueResult]]):
+    """Enqueue messages to one queue, all or nothing."""
+
+    queue: str
+    messages: Sequence[EnqueueSpec]
+
+
+@dataclass(frozen=True, slots=True)
+class Lease(Returns[LeaseResult]):
+    """Lease up to ``n`` visible messages for ``visibility_timeout`` (None: the queue's)."""
+
+    queue: str
+    n: int
+    visibility_timeout: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Ack(Returns[AckResult]):
+    """Delete a leased message, and enqueue ``follow_ups`` in the same transaction."""
+
+    receipt: str
+    follow_ups: Sequence[tuple[str, EnqueueSpec]] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Nack(Returns[None]):
+    """Release a leased message of ``queue``, visible again after ``delay`` seconds."""
+
+    queue: str
+    receipt: str
+    delay: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Reject(Returns[None]):
+    """Dead-letter a leased message now (reason ``rejected``)."""
+
+    receipt: str
+
+
+@dataclass(frozen=True, slots=True)
+class Extend(Returns[float]):
+    """Make a lease end ``timeout`` seconds from now; returns when it now ends."""
+
+    receipt: str
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class Release(Returns[int]):
+    """Release leases of ``queue`` at once (receipts that went stale are skipped)."""
+
+    queue: str
+    receipts: Sequence[str]
+
+
+@dataclass(frozen=True, slots=True)
+class EnsureQueue(Returns[QueueSettings]):
+    """Create a queue with the default settings if it does not exist; returns its settings."""
+
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class Configure(Returns[QueueStats]):
+    """Change a queue's stored settings (creating it if needed); ``changes`` are checked."""
+
+    queue: str
+    settings: QueueSettings
+
+
+@dataclass(frozen=True, slots=True)
+class Stats(Returns[QueueStats]):
+    """Counts per state of one queue (NotFound if never used)."""
+
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class AllStats(Returns[list[QueueStats]]):
+    """Counts per state of every queue, by name."""
+
+
+@dataclass(frozen=True, slots=True)
+class Purge(Returns[int]):
+    """Delete every message of a queue that is not in flight."""
+
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class Redrive(Returns[int]):
+    """Move every dead message of a queue back to visible with its delivery count reset."""
+
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class Browse(Returns[BrowsePage]):
+    """A page of one queue's messages in one state, without leasing or changing them."""
+
+    queue: str
+    state: BrowseState = "visible"
+    limit: int = 100
+    after: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequeueMessage(Returns[int]):
+    """Make one dead or in-flight message visible again, delivery count reset (0 or 1)."""
+
+    queue: str
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteMessage(Returns[int]):
+    """Delete one message in any state (1, or NotFound)."""
+
+    queue: str
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stage(Returns[TxnResult]):
+    """Replace partition ``partition`` of transaction ``txn`` with ``messages`` for ``queue``."""
+
+    txn: str
+    partition: int
+    queue: str
+    messages: Sequence[EnqueueSpec]
+
+
+@dataclass(frozen=True, slots=True)
+class CommitTxn(Returns[TxnResult]):
+    """Enqueue everything staged under ``txn`` at once; a second commit changes nothing.
+
+    With ``partitions``, only those partitions are enqueued and any other staging
+    of ``txn`` is discarded: what an earlier, differently partitioned attempt of
+    the same batch left behind must not be committed with it.
+    """
+
+    txn: str
+    partitions: frozenset[int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AbortTxn(Returns[TxnResult]):
+    """Discard what is staged under ``txn``."""
+
+    txn: str
+
+
+Op: TypeAlias = (
+    Enqueue
+    | Lease
+    | Ack
+    | Nack
+    | Reject
+    | Extend
+    | Release
+    | EnsureQueue
+    | Configure
+    | Stats
+    | AllStats
+    | Purge
+    | Redrive
+    | Browse
+    | RequeueMessage
+    | DeleteMessage
+    | Stage
+    | CommitTxn
+    | AbortTxn
+)
+
+#: What :meth:`Store.run` gives back for one op: its value, or the error that refused it.
+Result: TypeAlias = (
+    list[EnqueueResult]
+    | LeaseResult
+    | AckResult
+    | float
+    | int
+    | QueueSettings
+    | QueueStats
+    | list[QueueStats]
+    | BrowsePage
+    | TxnResult
+    | ProtocolError
+    | None
+)

@@ -1,0 +1,262 @@
+"""The store runner: applies batches of ops, one transaction per batch.
+
+A :class:`Store` owns one database connection and is used from one thread
+(the group-commit thread of ``gateway.committer``). :meth:`Store.run` applies a
+batch of operations in one transaction, so a burst of enqueues, acks and lease
+rounds from many sockets costs one commit (DESIGN decision 3). Consecutive
+plain enqueues become one multi-row INSERT and consecutive plain acks one
+DELETE, so the number of statements does not grow with the number of messages.
+
+Business refusals (a stale receipt, an unknown queue, a full queue) are
+returned as that operation's result and change nothing; any other failure
+rolls the whole batch back, and :meth:`Store.run` then retries the operations
+one by one so that a single poisoned operation cannot fail its neighbours.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, assert_never
+
+from gateway.errors import ProtocolError, Unavailable
+from gateway.leases import DEFAULT_QUEUE_SETTINGS, Clock, QueueSettings
+from gateway.store import enqueue as enqueueing
+from gateway.store import leasing, operator, staging
+from gateway.store.dialects import POSTGRESQL, Dialect
+from gateway.store.groups import settle
+from gateway.store.ops import (
+    AbortTxn,
+    Ack,
+    AllStats,
+    Browse,
+    CommitTxn,
+    Configure,
+    DeleteMessage,
+    Enqueue,
+    EnsureQueue,
+    Extend,
+    Lease,
+    Nack,
+    Op,
+    Purge,
+    Redrive,
+    Reject,
+    Release,
+    RequeueMessage,
+    Result,
+    Stage,
+    Stats,
+)
+from gateway.store.txn import QueueCache, Txn
+
+__all__ = ["NOTIFY_CHANNEL", "Store"]
+
+log = logging.getLogger("leasecast.store")
+
+#: The PostgreSQL NOTIFY channel on which woken queues are announced.
+NOTIFY_CHANNEL = "leasecast_wake"
+
+
+class Store:
+    """Applies batches of operations to the database in single transactions.
+
+    Args:
+        connect: returns a fresh DB-API connection in autocommit mode; called
+            again after a failure, so a restarted database is reconnected.
+        dialect: :data:`~gateway.store.dialects.SQLITE` or
+            :data:`~gateway.store.dialects.POSTGRESQL`.
+        clock: the current time in seconds.
+        defaults: settings of queues created on first use.
+        settings_ttl: seconds a queue's settings are cached before re-reading
+            (so edits in the admin take effect without a restart).
+        announce_as: on PostgreSQL, announce woken queues to the other gateway
+            processes with ``NOTIFY`` (see ``gateway.notify``), signed with
+            this process name so its own listener can skip them.
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], Any],
+        dialect: Dialect,
+        *,
+        clock: Clock,
+        defaults: QueueSettings = DEFAULT_QUEUE_SETTINGS,
+        settings_ttl: float = 2.0,
+        announce_as: str | None = None,
+    ) -> None:
+        self._connect = connect
+        self._conn: Any = None
+        self.dialect = dialect
+        self._clock = clock
+        self._queues = QueueCache(defaults, settings_ttl)
+        self._announce_as = announce_as if dialect is POSTGRESQL else None
+        #: queues woken by the last :meth:`run` (read by the committer)
+        self.woken: set[str] = set()
+
+    # -- plumbing
+
+    def close(self) -> None:
+        """Close the connection (a later call reconnects)."""
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
+
+    @contextmanager
+    def transaction(self) -> Iterator[Txn]:
+        """One transaction: committed if the block ends normally, else rolled back.
+
+        Groups noted as unsettled are settled before the commit, and on
+        PostgreSQL the woken queues are announced with ``NOTIFY``, which
+        listeners receive on commit and only then.
+        """
+        if self._conn is None:
+            self._conn = self._connect()
+        cur = self._conn.cursor()
+        cur.execute(self.dialect.begin)
+        txn = Txn(cur, self.dialect, self._clock(), self._queues)
+        try:
+            yield txn
+            settle(txn)
+            if self._announce_as is not None:
+                for queue in sorted(txn.woken):
+                    txn.exec(
+                        "SELECT pg_notify(%s, %s)",
+                        (NOTIFY_CHANNEL, f"{self._announce_as} {queue}"),
+                    )
+        except BaseException:
+            try:
+                cur.execute("ROLLBACK")
+            except Exception:  # the connection itself may be gone
+                self.close()
+            raise
+        cur.execute("COMMIT")
+        self.woken |= txn.woken
+
+    # -- batches
+
+    def run(self, ops: Sequence[Op]) -> list[Result]:
+        """Apply ``ops`` in one transaction; returns one result per op, in order.
+
+        A result is the op's value or the :class:`ProtocolError` that refused it
+        (which changed nothing). If the batch fails for any other reason it is
+        rolled back and retried one op at a time; an op that still fails gets
+        :class:`Unavailable`.
+        """
+        self.woken = set()
+        try:
+            return self._run_batch(ops)
+        except Exception as exc:
+            log.warning("batch of %d ops failed (%s: %s)", len(ops), type(exc).__name__, exc)
+            self._queues.clear()
+            self.close()
+            if len(ops) == 1:
+                return [Unavailable(f"storage failed: {type(exc).__name__}")]
+        results: list[Result] = []
+        for op in ops:
+            try:
+                results.extend(self._run_batch([op]))
+            except Exception as exc:
+                log.warning("op %s failed (%s: %s)", type(op).__name__, type(exc).__name__, exc)
+                self._queues.clear()
+                self.close()
+                results.append(Unavailable(f"storage failed: {type(exc).__name__}"))
+        return results
+
+    def _run_batch(self, ops: Sequence[Op]) -> list[Result]:
+        results: list[Result] = [None] * len(ops)
+        with self.transaction() as txn:
+            if self.dialect is POSTGRESQL and all(isinstance(op, Lease | Release) for op in ops):
+                # Losing a lease round in a crash loses nothing: the messages
+                # are simply visible again (at-least-once). So these commits
+                # need not wait for the WAL flush; every confirmed write does.
+                txn.exec("SET LOCAL synchronous_commit TO OFF")
+            i = 0
+            while i < len(ops):
+                # Runs of plain enqueues and plain acks share one statement.
+                j = i + 1
+                if enqueueing.is_plain_enqueue(txn, ops[i]):
+                    while j < len(ops) and enqueueing.is_plain_enqueue(txn, ops[j]):
+                        j += 1
+                    results[i:j] = enqueueing.enqueue_plain(txn, ops[i:j])  # type: ignore[arg-type]
+                elif _is_plain_ack(ops[i]):
+                    while j < len(ops) and _is_plain_ack(ops[j]):
+                        j += 1
+                    results[i:j] = leasing.ack_plain(txn, ops[i:j])  # type: ignore[arg-type]
+                else:
+                    results[i] = _apply_one(txn, ops[i])
+                i = j
+        return results
+
+    # -- housekeeping
+
+    def forget_stale_staging(self, staged_for: float, remembered_for: float) -> int:
+        """Drop staging never committed within ``staged_for`` seconds, and records of
+        finished transactions older than ``remembered_for``."""
+        return staging.forget_stale_staging(self.transaction, staged_for, remembered_for)
+
+    def forget_expired_keys(self) -> int:
+        """Delete idempotency keys past their window (run now and then, off the hot path)."""
+        with self.transaction() as txn:
+            deleted: int = txn.exec(
+                "DELETE FROM leasecast_dedup WHERE expires_at <= %s", (txn.now,)
+            ).rowcount
+        return deleted
+
+
+def _apply_one(txn: Txn, op: Op) -> Result:
+    """Apply one op; a :class:`ProtocolError` it raises is its result."""
+    try:
+        match op:
+            case Enqueue():
+                return enqueueing.enqueue(txn, op.queue, op.messages)
+            case Lease():
+                return leasing.lease(txn, op)
+            case Ack():
+                return leasing.ack(txn, op)
+            case Nack():
+                leasing.nack(txn, op)
+                return None
+            case Reject():
+                leasing.reject(txn, op.receipt)
+                return None
+            case Extend():
+                return leasing.extend(txn, op)
+            case Release():
+                return leasing.release(txn, op)
+            case EnsureQueue():
+                return txn.queue(op.queue, create=True).settings
+            case Configure():
+                return operator.configure(txn, op.queue, op.settings)
+            case Stats():
+                return operator.stats(txn, txn.queue(op.queue, create=False))
+            case AllStats():
+                return operator.all_stats(txn)
+            case Purge():
+                return operator.purge(txn, txn.queue(op.queue, create=False))
+            case Redrive():
+                return operator.redrive(txn, txn.queue(op.queue, create=False))
+            case Browse():
+                q = txn.queue(op.queue, create=False)
+                return operator.browse(txn, q, op.state, op.limit, op.after)
+            case RequeueMessage():
+                return operator.requeue_message(txn, txn.queue(op.queue, create=False), op.id)
+            case DeleteMessage():
+                return operator.delete_message(txn, txn.queue(op.queue, create=False), op.id)
+            case Stage():
+                return staging.stage(txn, op)
+            case CommitTxn():
+                return staging.commit(txn, op)
+            case AbortTxn():
+                return staging.abort(txn, op.txn)
+            case _:
+                assert_never(op)
+    except ProtocolError as exc:
+        return exc
+
+
+def _is_plain_ack(op: Op) -> bool:
+    return isinstance(op, Ack) and not op.follow_ups

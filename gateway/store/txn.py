@@ -1,0 +1,168 @@
+"""One transaction of the store: its cursor, its clock reading, and what it touched.
+
+Every function that applies an op takes a :class:`Txn`. Besides running SQL,
+it collects what the runner must do before the commit: the groups whose head
+may have left (settled once, at the end, under their locks; see
+``gateway.store.groups``) and the queues in which messages may have become
+visible (announced to the pumps after the commit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.errors import NotFound, ProtocolError
+from gateway.leases import QueueSettings
+from gateway.store.dialects import Dialect
+
+__all__ = ["QueueCache", "QueueRow", "Txn"]
+
+_QUEUE_COLUMNS = "id, visibility_timeout, max_deliveries, dedup_window, max_length, overflow"
+
+
+@dataclass(slots=True)
+class QueueRow:
+    """A queue's id and settings as last read from the database."""
+
+    id: int
+    name: str
+    settings: QueueSettings
+    loaded_at: float
+
+
+class QueueCache:
+    """Queue rows by name, re-read after ``ttl`` seconds (so admin edits apply).
+
+    Args:
+        defaults: settings of queues created on first use.
+        ttl: seconds a row is trusted (``GATEWAY_QUEUE_SETTINGS_TTL``).
+    """
+
+    def __init__(self, defaults: QueueSettings, ttl: float) -> None:
+        self.defaults = defaults
+        self.ttl = ttl
+        self._rows: dict[str, QueueRow] = {}
+        self._names: dict[int, str] = {}
+
+    def clear(self) -> None:
+        """Forget every row (after a failed batch, which may have rolled back a create)."""
+        self._rows.clear()
+
+    def name_of(self, txn: Txn, queue_id: int) -> str:
+        """The name of a queue, by id."""
+        name = self._names.get(queue_id)
+        if name is None:
+            found = txn.exec("SELECT name FROM leasecast_queue WHERE id = %s", (queue_id,))
+            name = self._names[queue_id] = found.fetchone()[0]
+        return name
+
+    def get(self, txn: Txn, name: str, *, create: bool) -> QueueRow:
+        """The row of queue ``name``, created with the defaults if ``create``.
+
+        Raises:
+            NotFound: the queue does not exist and ``create`` is false.
+        """
+        row = self._rows.get(name)
+        if row is not None and txn.now - row.loaded_at < self.ttl:
+            return row
+        select = f"SELECT {_QUEUE_COLUMNS} FROM leasecast_queue WHERE name = %s"
+        found = txn.exec(select, (name,)).fetchone()
+        if found is None:
+            if not create:
+                raise NotFound(f"queue {name!r} does not exist")
+            self._insert(txn, name, self.defaults)
+            found = txn.exec(select, (name,)).fetchone()
+        return self._remember(txn, name, found)
+
+    def configure(self, txn: Txn, name: str, settings: QueueSettings) -> QueueRow:
+        """Store new settings for ``name`` (creating it), in force on this process at once."""
+        self._insert(txn, name, settings)
+        txn.exec(
+            "UPDATE leasecast_queue SET visibility_timeout = %s, max_deliveries = %s, "
+            "dedup_window = %s, max_length = %s, overflow = %s WHERE name = %s",
+            (*_settings_row(settings), name),
+        )
+        found = txn.exec(
+            f"SELECT {_QUEUE_COLUMNS} FROM leasecast_queue WHERE name = %s", (name,)
+        ).fetchone()
+        return self._remember(txn, name, found)
+
+    def _insert(self, txn: Txn, name: str, settings: QueueSettings) -> None:
+        txn.exec(
+            "INSERT INTO leasecast_queue (name, visibility_timeout, max_deliveries, "
+            "dedup_window, max_length, overflow, created_at) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (name) DO NOTHING",
+            (name, *_settings_row(settings), txn.now),
+        )
+
+    def _remember(self, txn: Txn, name: str, found: Sequence[Any]) -> QueueRow:
+        queue_id, vt, max_deliveries, dedup_window, max_length, overflow = found
+        settings = QueueSettings(vt, max_deliveries, dedup_window, max_length, overflow)
+        row = self._rows[name] = QueueRow(queue_id, name, settings, txn.now)
+        self._names[queue_id] = name
+        return row
+
+
+def _settings_row(s: QueueSettings) -> tuple[Any, ...]:
+    return (s.visibility_timeout, s.max_deliveries, s.dedup_window, s.max_length, s.overflow)
+
+
+class Txn:
+    """An open transaction.
+
+    Args:
+        cursor: a DB-API cursor inside ``BEGIN``.
+        dialect: the database's SQL.
+        now: the time of the whole transaction (one clock reading per batch).
+        queues: the store's queue cache.
+    """
+
+    def __init__(self, cursor: Any, dialect: Dialect, now: float, queues: QueueCache) -> None:
+        self.cursor = cursor
+        self.dialect = dialect
+        self.now = now
+        self.queues = queues
+        #: (queue id, group) whose head may have left: settled before the commit
+        self.unsettled: set[tuple[int, str]] = set()
+        #: queues in which messages may have become visible
+        self.woken: set[str] = set()
+        self._savepoints = 0
+
+    def exec(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        """Run one statement; returns the cursor."""
+        self.cursor.execute(self.dialect.sql(sql), params)
+        return self.cursor
+
+    def queue(self, name: str, *, create: bool) -> QueueRow:
+        """The queue's row (see :meth:`QueueCache.get`)."""
+        return self.queues.get(self, name, create=create)
+
+    def unsettle(self, queue_id: int, group: str | None) -> None:
+        """Note that ``group``'s head may have left (no-op for messages without a group)."""
+        if group is not None:
+            self.unsettled.add((queue_id, group))
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """Undo what the block did if it raises a :class:`ProtocolError` (which is re-raised).
+
+        For ops that check a rule only after writing (a bounded queue counts
+        after inserting): a refusal must change nothing, and its neighbours in
+        the batch must keep what they did.
+        """
+        self._savepoints += 1
+        name = f"lc_op_{self._savepoints}"
+        unsettled, woken = set(self.unsettled), set(self.woken)
+        self.cursor.execute(f"SAVEPOINT {name}")
+        try:
+            yield
+        except ProtocolError:
+            self.cursor.execute(f"ROLLBACK TO SAVEPOINT {name}")
+            self.cursor.execute(f"RELEASE SAVEPOINT {name}")
+            self.unsettled, self.woken = unsettled, woken
+            self.queues.clear()  # a queue created in the block is gone again
+            raise
+        self.cursor.execute(f"RELEASE SAVEPOINT {name}")
