@@ -17,7 +17,15 @@ from gateway.auth import principal_for_token, principal_for_user, token_from_hea
 from gateway.broadcast import get_broadcaster
 from gateway.conf import gateway_settings
 from gateway.engine import get_engine
-from gateway.errors import BadFrame, Forbidden, Invalid, ProtocolError, TooLarge, Unauthorized
+from gateway.errors import (
+    BadFrame,
+    Forbidden,
+    Invalid,
+    NotFound,
+    ProtocolError,
+    TooLarge,
+    Unauthorized,
+)
 from gateway.protocol import (
     MAX_BATCH,
     EnqueueSpec,
@@ -26,10 +34,26 @@ from gateway.protocol import (
     parse_enqueue_spec,
 )
 from gateway.scopes import Principal
-from gateway.store import AbortTxn, AllStats, CommitTxn, Enqueue, Purge, Redrive, Stage, Stats
+from gateway.store import (
+    AbortTxn,
+    AllStats,
+    Browse,
+    CommitTxn,
+    Configure,
+    DeleteMessage,
+    Enqueue,
+    Purge,
+    Redrive,
+    RequeueMessage,
+    Stage,
+    Stats,
+)
+from gateway.store.ops import BrowseState
 
 __all__ = [
     "healthz",
+    "message_detail",
+    "message_requeue",
     "queue_detail",
     "queue_messages",
     "queue_purge",
@@ -173,10 +197,12 @@ async def healthz(request: HttpRequest) -> HttpResponse:
     return _json({"status": "ok"})
 
 
-@api("POST")
+@api("POST", "GET")
 async def queue_messages(request: HttpRequest, principal: Principal, queue: str) -> HttpResponse:
-    """Enqueue a batch, all or nothing."""
+    """POST: enqueue a batch, all or nothing. GET: browse (protocol 1.1)."""
     check_name(queue)
+    if request.method == "GET":
+        return await _browse(request, principal, queue)
     principal.require("enqueue", queue)
     specs = _messages(_body(request), allow_empty=False)
     _charge(principal, len(specs) - 1)  # the request paid for one
@@ -184,13 +210,86 @@ async def queue_messages(request: HttpRequest, principal: Principal, queue: str)
     return _json({"results": [r.as_json() for r in results]})
 
 
-@api("GET")
+@api("GET", "PATCH")
 async def queue_detail(request: HttpRequest, principal: Principal, queue: str) -> HttpResponse:
-    """Counts per state of one queue; 404 for a queue never used."""
+    """GET: counts per state and settings of one queue; 404 for a queue never used.
+
+    PATCH (scope ``admin``): change settings, creating the queue if needed;
+    answers the ``GET`` document. Invalid values change nothing.
+    """
     check_name(queue)
+    engine = get_engine()
+    if request.method == "PATCH":
+        principal.require("admin")
+        changes = _body(request) if request.body else {}
+        stats = await engine.call(Configure(queue, changes))
+        await _audit(principal, queue, f"Changed settings: {orjson.dumps(changes).decode()}.")
+        return _json(stats.as_json())
     if not principal.allows("enqueue", queue):
         principal.require("consume", queue)
-    return _json((await get_engine().call(Stats(queue))).as_json())
+    return _json((await engine.call(Stats(queue))).as_json())
+
+
+_BROWSE_STATES: tuple[BrowseState, ...] = ("visible", "delayed", "in_flight", "dead")
+
+
+def _query_int(request: HttpRequest, name: str, default: int | None) -> int | None:
+    raw = request.GET.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise Invalid(f"{name} must be an integer, got {raw[:40]!r}") from None
+
+
+async def _browse(request: HttpRequest, principal: Principal, queue: str) -> HttpResponse:
+    """A page of messages in one state, without leasing them (scope admin or consume)."""
+    if not principal.is_admin:
+        principal.require("consume", queue)
+    raw_state = request.GET.get("state", "visible")
+    state = next((s for s in _BROWSE_STATES if s == raw_state), None)
+    if state is None:
+        raise Invalid(f"state must be one of {', '.join(_BROWSE_STATES)}, got {raw_state[:40]!r}")
+    limit = _query_int(request, "limit", 100)
+    assert limit is not None
+    if not 1 <= limit <= 1000:
+        raise Invalid(f"limit must be 1..1000, got {limit}")
+    after = _query_int(request, "after", None)
+    if after is not None and not 0 <= after < 2**63:
+        raise Invalid("after must be a message id")
+    page = await get_engine().call(Browse(queue, state, limit, after))
+    return _json(page.as_json())
+
+
+def _message_id(msg_id: str) -> int:
+    if not msg_id.isdigit() or len(msg_id) > 18:
+        raise NotFound(f"no message {msg_id[:40]!r}")
+    return int(msg_id)
+
+
+@api("POST")
+async def message_requeue(
+    request: HttpRequest, principal: Principal, queue: str, msg_id: str
+) -> HttpResponse:
+    """Requeue one dead or in-flight message, its delivery count reset (scope ``admin``)."""
+    check_name(queue)
+    principal.require("admin")
+    requeued = await get_engine().call(RequeueMessage(queue, _message_id(msg_id)))
+    await _audit(principal, queue, f"Requeued message {msg_id} (API): {requeued} changed.")
+    return _json({"requeued": requeued})
+
+
+@api("DELETE")
+async def message_detail(
+    request: HttpRequest, principal: Principal, queue: str, msg_id: str
+) -> HttpResponse:
+    """Delete one message in any state (scope ``admin``)."""
+    check_name(queue)
+    principal.require("admin")
+    deleted = await get_engine().call(DeleteMessage(queue, _message_id(msg_id)))
+    await _audit(principal, queue, f"Deleted message {msg_id} (API).")
+    return _json({"deleted": deleted})
 
 
 @api("POST")

@@ -14,6 +14,14 @@ urlpatterns = [
     path("api/stats", http.stats),  # type: ignore[arg-type]
     path("api/queues/<str:queue>", http.queue_detail),  # type: ignore[arg-type]
     path("api/queues/<str:queue>/messages", http.queue_messages),  # type: ignore[arg-type]
+    path(
+        "api/queues/<str:queue>/messages/<str:msg_id>",
+        http.message_detail,  # type: ignore[arg-type]
+    ),
+    path(
+        "api/queues/<str:queue>/messages/<str:msg_id>/requeue",
+        http.message_requeue,  # type: ignore[arg-type]
+    ),
     path("api/queues/<str:queue>/purge", http.queue_purge),  # type: ignore[arg-type]
     path("api/queues/<str:queue>/redrive", http.queue_redrive),  # type: ignore[arg-type]
     path("api/topics/<str:topic>/messages", http.topic_messages),  # type: ignore[arg-type]

@@ -14,8 +14,10 @@ Whatever may remove a head (ack, reject, dead-lettering, expiry, overflow,
 purge, delete) or add a message to a group (enqueue, requeue, redrive) notes
 the group in :attr:`Txn.unsettled`; :func:`settle` then runs once per batch,
 before the commit, and promotes the earliest WAITING message of each group
-left without a head. A requeued or redriven message is WAITING again too, so
-it waits for the current head rather than running beside it.
+left without a head. A requeued or redriven message is WAITING again too; if
+it is earlier than its group's head and that head is not in flight, the head
+steps back to WAITING, so the group keeps its enqueue order; if the head is
+in flight, the requeued message goes next. Either way one message at a time.
 
 On PostgreSQL, two transactions could each see the other's group as headless
 (read committed sees neither's uncommitted changes), so settling takes an
@@ -41,7 +43,8 @@ def settle(txn: Txn) -> None:
     if not txn.unsettled:
         return
     keys = sorted(txn.unsettled)
-    txn.unsettled = set()
+    reordered = txn.reordered
+    txn.unsettled, txn.reordered = set(), set()
     lock = txn.dialect.lock_groups(keys)
     if lock is not None:
         txn.exec(*lock)
@@ -50,6 +53,9 @@ def settle(txn: Txn) -> None:
         for start in range(0, len(groups), _CHUNK):
             chunk = groups[start : start + _CHUNK]
             marks = ",".join(["%s"] * len(chunk))
+            back = [group for group in chunk if (queue_id, group) in reordered]
+            if back:
+                _step_back(txn, queue_id, back)
             promoted = txn.exec(
                 "UPDATE leasecast_message "
                 "SET state = CASE WHEN visible_at > %s THEN 3 ELSE 0 END "
@@ -64,3 +70,18 @@ def settle(txn: Txn) -> None:
             ).rowcount
             if promoted:
                 txn.woken.add(txn.queues.name_of(txn, queue_id))
+
+
+def _step_back(txn: Txn, queue_id: int, groups: list[str]) -> None:
+    """A head not yet leased (READY or DELAYED) with an earlier WAITING message
+    in its group goes back to WAITING, for :func:`settle` to promote the earlier."""
+    marks = ",".join(["%s"] * len(groups))
+    txn.exec(
+        "UPDATE leasecast_message SET state = 4 "
+        f'WHERE queue_id = %s AND "group" IN ({marks}) AND state IN (0, 3) '
+        "AND EXISTS (SELECT 1 FROM leasecast_message AS w"
+        "  WHERE w.queue_id = leasecast_message.queue_id"
+        '  AND w."group" = leasecast_message."group"'
+        "  AND w.state = 4 AND w.id < leasecast_message.id)",
+        (queue_id, *groups),
+    )

@@ -7,10 +7,11 @@ apply the same rules, groups included.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from gateway.errors import Invalid, NotFound
-from gateway.leases import QueueSettings, StoredState
+from gateway.leases import StoredState
 from gateway.store.leasing import expire
 from gateway.store.ops import BrowsedMessage, BrowsePage, BrowseState, QueueStats
 from gateway.store.txn import QueueRow, Txn
@@ -71,9 +72,15 @@ def all_stats(txn: Txn) -> list[QueueStats]:
     return [stats(txn, txn.queue(name, create=False)) for (name,) in names]
 
 
-def configure(txn: Txn, name: str, settings: QueueSettings) -> QueueStats:
-    """Store ``settings`` for queue ``name`` (creating it); its new ``GET`` document."""
-    return stats(txn, txn.queues.configure(txn, name, settings))
+def configure(txn: Txn, name: str, changes: Mapping[str, object]) -> QueueStats:
+    """Apply ``changes`` to queue ``name``'s settings (creating it); its new ``GET`` document.
+
+    Raises:
+        BadFrame, Invalid: a change is unknown or out of range; nothing was written.
+    """
+    txn.queues.defaults.changed(dict(changes))  # check every value before any write
+    current = txn.queues.get(txn, name, create=True, fresh=True)
+    return stats(txn, txn.queues.configure(txn, name, current.settings.changed(dict(changes))))
 
 
 def purge(txn: Txn, q: QueueRow) -> int:
@@ -97,7 +104,7 @@ def redrive(txn: Txn, q: QueueRow) -> int:
         (txn.now, q.id),
     ).fetchall()
     for (group,) in rows:
-        txn.unsettle(q.id, group)
+        txn.unsettle(q.id, group, reordered=True)
     if rows:
         txn.woken.add(q.name)
     return len(rows)
@@ -136,7 +143,7 @@ def requeue_ids(txn: Txn, ids: list[int], queue_id: int | None = None) -> int:
         params,
     ).fetchall()
     for row_queue, group in rows:
-        txn.unsettle(row_queue, group)
+        txn.unsettle(row_queue, group, reordered=True)
         txn.woken.add(txn.queues.name_of(txn, row_queue))
     return len(rows)
 

@@ -9,7 +9,7 @@ that refused it (and then it changed nothing).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
@@ -257,10 +257,15 @@ class EnsureQueue(Returns[QueueSettings]):
 
 @dataclass(frozen=True, slots=True)
 class Configure(Returns[QueueStats]):
-    """Change a queue's stored settings (creating it if needed); ``changes`` are checked."""
+    """Change some of a queue's stored settings, creating it if needed.
+
+    ``changes`` maps setting names to values as decoded from JSON; they are
+    checked (``QueueSettings.changed``) before anything is written, and applied
+    to the settings as stored now, not as cached.
+    """
 
     queue: str
-    settings: QueueSettings
+    changes: Mapping[str, object]
 
 
 @dataclass(frozen=True, slots=True)

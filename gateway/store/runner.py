@@ -230,7 +230,7 @@ def _apply_one(txn: Txn, op: Op) -> Result:
             case EnsureQueue():
                 return txn.queue(op.queue, create=True).settings
             case Configure():
-                return operator.configure(txn, op.queue, op.settings)
+                return operator.configure(txn, op.queue, op.changes)
             case Stats():
                 return operator.stats(txn, txn.queue(op.queue, create=False))
             case AllStats():

@@ -59,14 +59,17 @@ class QueueCache:
             name = self._names[queue_id] = found.fetchone()[0]
         return name
 
-    def get(self, txn: Txn, name: str, *, create: bool) -> QueueRow:
+    def get(self, txn: Txn, name: str, *, create: bool, fresh: bool = False) -> QueueRow:
         """The row of queue ``name``, created with the defaults if ``create``.
+
+        Args:
+            fresh: read the row even if the cached one is recent.
 
         Raises:
             NotFound: the queue does not exist and ``create`` is false.
         """
         row = self._rows.get(name)
-        if row is not None and txn.now - row.loaded_at < self.ttl:
+        if row is not None and not fresh and txn.now - row.loaded_at < self.ttl:
             return row
         select = f"SELECT {_QUEUE_COLUMNS} FROM leasecast_queue WHERE name = %s"
         found = txn.exec(select, (name,)).fetchone()
@@ -127,6 +130,9 @@ class Txn:
         self.queues = queues
         #: (queue id, group) whose head may have left: settled before the commit
         self.unsettled: set[tuple[int, str]] = set()
+        #: groups that took back an earlier message (requeue, redrive): a head
+        #: not yet leased steps back for it (see gateway.store.groups)
+        self.reordered: set[tuple[int, str]] = set()
         #: queues in which messages may have become visible
         self.woken: set[str] = set()
         self._savepoints = 0
@@ -140,10 +146,17 @@ class Txn:
         """The queue's row (see :meth:`QueueCache.get`)."""
         return self.queues.get(self, name, create=create)
 
-    def unsettle(self, queue_id: int, group: str | None) -> None:
-        """Note that ``group``'s head may have left (no-op for messages without a group)."""
+    def unsettle(self, queue_id: int, group: str | None, *, reordered: bool = False) -> None:
+        """Note that ``group``'s head may have left (no-op for messages without a group).
+
+        Args:
+            reordered: a message went back into the group (WAITING) and may be
+                earlier than its current head.
+        """
         if group is not None:
             self.unsettled.add((queue_id, group))
+            if reordered:
+                self.reordered.add((queue_id, group))
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -155,14 +168,14 @@ class Txn:
         """
         self._savepoints += 1
         name = f"lc_op_{self._savepoints}"
-        unsettled, woken = set(self.unsettled), set(self.woken)
+        unsettled, reordered, woken = set(self.unsettled), set(self.reordered), set(self.woken)
         self.cursor.execute(f"SAVEPOINT {name}")
         try:
             yield
         except ProtocolError:
             self.cursor.execute(f"ROLLBACK TO SAVEPOINT {name}")
             self.cursor.execute(f"RELEASE SAVEPOINT {name}")
-            self.unsettled, self.woken = unsettled, woken
+            self.unsettled, self.reordered, self.woken = unsettled, reordered, woken
             self.queues.clear()  # a queue created in the block is gone again
             raise
         self.cursor.execute(f"RELEASE SAVEPOINT {name}")
