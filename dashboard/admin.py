@@ -24,7 +24,16 @@ from gateway.scopes import parse_scope
 
 @admin.register(Queue)
 class QueueAdmin(admin.ModelAdmin[Queue]):
-    list_display = ("name", "visibility_timeout", "max_deliveries", "dedup_window", "counts")
+    list_display = (
+        "name",
+        "visibility_timeout",
+        "max_deliveries",
+        "dedup_window",
+        "max_length",
+        "overflow",
+        "counts",
+    )
+    list_filter = ("overflow",)
     search_fields = ("name",)
     readonly_fields = ("created_at",)
     actions = ["purge_queues", "redrive_queues"]
@@ -86,9 +95,19 @@ class StateFilter(admin.SimpleListFilter):
 
 @admin.register(Message)
 class MessageAdmin(admin.ModelAdmin[Message]):
-    list_display = ("id", "queue", "protocol_state", "deliveries", "key", "short_body")
-    list_filter = ("queue", StateFilter)
-    search_fields = ("=id", "key")
+    list_display = (
+        "id",
+        "queue",
+        "protocol_state",
+        "group",
+        "priority",
+        "deliveries",
+        "dead_reason",
+        "key",
+        "short_body",
+    )
+    list_filter = ("queue", StateFilter, "dead_reason")
+    search_fields = ("=id", "key", "=group")
     readonly_fields = (
         "queue",
         "state",
@@ -97,6 +116,10 @@ class MessageAdmin(admin.ModelAdmin[Message]):
         "lease_token",
         "enqueued_at",
         "key",
+        "group",
+        "priority",
+        "expires_at",
+        "dead_reason",
         "pretty_body",
     )
     exclude = ("body",)
@@ -127,6 +150,13 @@ class MessageAdmin(admin.ModelAdmin[Message]):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # messages come from producers, through the protocol
+
+    def delete_model(self, request: HttpRequest, obj: Message) -> None:
+        # Through the store's rules: a deleted group head lets its group's next go.
+        operations.delete([obj])
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Message]) -> None:
+        operations.delete(list(queryset))
 
 
 class TokenForm(forms.ModelForm[Token]):

@@ -1,83 +1,92 @@
 """Operator actions on queues and messages, for the Django admin and the dashboard.
 
 They run on the caller's thread through Django's connection, each in one
-transaction, apply the same rules as the store, and then wake the queue's
-pumps (this process directly; other gateways through ``NOTIFY`` on
-PostgreSQL), so waiting workers see requeued or redriven messages at once.
-Every action is recorded in Django's admin log by the caller.
+transaction, with the store's own functions (``gateway.store.operator``), so
+the admin applies exactly the rules the API does, ordering groups included.
+Then they wake the queue's pumps (this process directly; other gateways
+through ``NOTIFY`` on PostgreSQL), so waiting workers see requeued or
+redriven messages at once. Every action is recorded in Django's admin log by
+the caller.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Q
 
+from gateway.conf import gateway_settings
 from gateway.engine import wake_from_thread
-from gateway.leases import StoredState
+from gateway.errors import NotFound
 from gateway.models import Message, Queue
-from gateway.store import NOTIFY_CHANNEL
+from gateway.store import NOTIFY_CHANNEL, POSTGRESQL, SQLITE
+from gateway.store import operator as store_operator
+from gateway.store.groups import settle
+from gateway.store.txn import QueueCache, Txn
 
-__all__ = ["audit", "purge", "redrive", "requeue"]
+__all__ = ["audit", "delete", "purge", "redrive", "requeue"]
 
 
-def _in_flight(now: float) -> Q:
-    return Q(state=StoredState.LEASED, visible_at__gt=now)
+@contextmanager
+def _transaction() -> Iterator[Txn]:
+    """A store transaction on Django's connection; groups settled and pumps woken on commit."""
+    dialect = POSTGRESQL if connection.vendor == "postgresql" else SQLITE
+    with transaction.atomic(), connection.cursor() as cursor:
+        queues = QueueCache(gateway_settings().default_queue, ttl=0.0)
+        txn = Txn(cursor, dialect, time.time(), queues)
+        yield txn
+        settle(txn)
+        _announce(cursor, txn.woken)
 
 
-def _announce(queues: Iterable[str]) -> None:
+def _announce(cursor: Any, queues: Iterable[str]) -> None:
     names = sorted(set(queues))
     if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            for name in names:
-                # Signed "admin": every gateway's listener takes it (each skips
-                # only its own store's notifications).
-                cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, f"admin {name}"])
+        for name in names:
+            # Signed "admin": every gateway's listener takes it (each skips
+            # only its own store's notifications).
+            cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, f"admin {name}"])
     transaction.on_commit(lambda: wake_from_thread(names))
 
 
 def requeue(messages: Iterable[Message]) -> int:
-    """Make dead or in-flight messages visible again, keeping their place.
+    """Make dead or in-flight messages visible again (see ``operator.requeue_ids``).
 
-    The delivery count starts again from 0 (as in :func:`redrive`): an
-    operator's requeue is a fresh start, so a message dead-lettered for
-    exceeding ``max_deliveries`` is delivered at the next lease instead of
-    being dead-lettered again. An in-flight message's lease ends here: its
-    lease token is cleared, so its old receipt is stale from now on (the next
-    lease issues a new one). Messages waiting for a lease (ready or delayed) are
-    left alone.
-    Returns how many messages changed.
+    The delivery count starts again from 0: an operator's requeue is a fresh
+    start. An in-flight message's old receipt is stale from now on. A message
+    of a group waits for its group's head, or goes first if it is earlier
+    than a head not yet leased. Returns how many messages changed.
     """
-    ids = [m.pk for m in messages]
-    with transaction.atomic():
-        rows = Message.objects.filter(pk__in=ids, state__in=[StoredState.DEAD, StoredState.LEASED])
-        queues = set(rows.values_list("queue__name", flat=True))
-        changed = rows.update(
-            state=StoredState.READY, visible_at=time.time(), deliveries=0, lease_token=None
-        )
-        _announce(queues)
-    return changed
+    with _transaction() as txn:
+        return store_operator.requeue_ids(txn, [m.pk for m in messages])
+
+
+def delete(messages: Iterable[Message]) -> int:
+    """Delete messages in any state; a deleted group head lets its group's next go."""
+    deleted = 0
+    with _transaction() as txn:
+        for message in messages:
+            q = txn.queue(txn.queues.name_of(txn, message.queue_id), create=False)
+            try:
+                deleted += store_operator.delete_message(txn, q, message.pk)
+            except NotFound:
+                continue  # deleted meanwhile
+    return deleted
 
 
 def purge(queue: Queue) -> int:
     """Delete every message of ``queue`` that is not in flight (as ``POST .../purge``)."""
-    now = time.time()
-    with transaction.atomic():
-        deleted, _ = Message.objects.filter(queue=queue).exclude(_in_flight(now)).delete()
-    return deleted
+    with _transaction() as txn:
+        return store_operator.purge(txn, txn.queue(queue.name, create=False))
 
 
 def redrive(queue: Queue) -> int:
     """Move every dead message back to visible with its delivery count reset."""
-    with transaction.atomic():
-        moved = Message.objects.filter(queue=queue, state=StoredState.DEAD).update(
-            state=StoredState.READY, visible_at=time.time(), deliveries=0, lease_token=None
-        )
-        _announce([queue.name])
-    return moved
+    with _transaction() as txn:
+        return store_operator.redrive(txn, txn.queue(queue.name, create=False))
 
 
 def audit(user_id: int | None, obj: Any, message: str) -> None:

@@ -22,6 +22,8 @@ import dj_database_url
 import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
+from gateway.leases import DEFAULT_QUEUE_SETTINGS as _QUEUE_DEFAULTS
+
 # Lets type hints such as ModelAdmin[Queue] run, not only type-check.
 django_stubs_ext.monkeypatch()
 
@@ -233,11 +235,17 @@ GATEWAY_BATCH_MAX_OPS = int(os.environ.get("GATEWAY_BATCH_MAX_OPS", 4000))
 GATEWAY_MAX_BACKLOG = int(os.environ.get("GATEWAY_MAX_BACKLOG", 100_000))
 GATEWAY_QUEUE_SETTINGS_TTL = float(os.environ.get("GATEWAY_QUEUE_SETTINGS_TTL", 2.0))
 GATEWAY_TOKEN_CACHE_TTL = float(os.environ.get("GATEWAY_TOKEN_CACHE_TTL", 5.0))
+# Defaults of queues created on first use; the protocol's values live in
+# gateway.leases.DEFAULT_QUEUE_SETTINGS, the only copy of them.
 GATEWAY_DEFAULT_VISIBILITY_TIMEOUT = float(
-    os.environ.get("GATEWAY_DEFAULT_VISIBILITY_TIMEOUT", 30.0)
+    os.environ.get("GATEWAY_DEFAULT_VISIBILITY_TIMEOUT", _QUEUE_DEFAULTS.visibility_timeout)
 )
-GATEWAY_DEFAULT_MAX_DELIVERIES = int(os.environ.get("GATEWAY_DEFAULT_MAX_DELIVERIES", 10))
-GATEWAY_DEFAULT_DEDUP_WINDOW = float(os.environ.get("GATEWAY_DEFAULT_DEDUP_WINDOW", 300.0))
+GATEWAY_DEFAULT_MAX_DELIVERIES = int(
+    os.environ.get("GATEWAY_DEFAULT_MAX_DELIVERIES", _QUEUE_DEFAULTS.max_deliveries)
+)
+GATEWAY_DEFAULT_DEDUP_WINDOW = float(
+    os.environ.get("GATEWAY_DEFAULT_DEDUP_WINDOW", _QUEUE_DEFAULTS.dedup_window)
+)
 GATEWAY_SERVE_STATIC = _env_bool("GATEWAY_SERVE_STATIC", True)
 GATEWAY_BLOCK_WAIT = float(os.environ.get("GATEWAY_BLOCK_WAIT", 10.0))
 # A topic with no subscriber on a process and no publish for this long is forgotten there.

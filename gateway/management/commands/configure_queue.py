@@ -8,8 +8,12 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from gateway.conf import gateway_settings
 from gateway.errors import ProtocolError
+from gateway.leases import OVERFLOW_POLICIES, QueueSettings
 from gateway.models import Queue
-from gateway.protocol import MAX_TIMEOUT, check_name
+from gateway.protocol import check_name
+
+#: Command-line option (dest) for each stored setting.
+_OPTIONS = ("visibility_timeout", "max_deliveries", "dedup_window", "max_length", "overflow")
 
 
 class Command(BaseCommand):
@@ -17,43 +21,42 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name")
-        parser.add_argument("--visibility-timeout", type=float)
-        parser.add_argument("--max-deliveries", type=int)
-        parser.add_argument("--dedup-window", type=float)
+        parser.add_argument("--visibility-timeout", type=float, help="seconds a lease lasts")
+        parser.add_argument("--max-deliveries", type=int, help="0 is unlimited")
+        parser.add_argument("--dedup-window", type=float, help="seconds a key is remembered")
+        parser.add_argument(
+            "--max-length", type=int, help="most messages visible or delayed; 0 is unlimited"
+        )
+        parser.add_argument(
+            "--overflow",
+            choices=OVERFLOW_POLICIES,
+            help="what an enqueue into a full queue does (default drop_newest)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        changes = {name: options[name] for name in _OPTIONS if options[name] is not None}
         try:
             name = check_name(options["name"])
+            # Checked before anything is written, with the same rules as PATCH.
+            gateway_settings().default_queue.changed(changes)
         except ProtocolError as exc:
             raise CommandError(exc.detail) from exc
-        timeout, max_deliveries, window = (
-            options["visibility_timeout"],
-            options["max_deliveries"],
-            options["dedup_window"],
-        )
-        if timeout is not None and not 0 < timeout <= MAX_TIMEOUT:
-            raise CommandError(f"--visibility-timeout must be > 0 and <= {MAX_TIMEOUT:.0f}")
-        if max_deliveries is not None and max_deliveries < 0:
-            raise CommandError("--max-deliveries must be >= 0 (0 is unlimited)")
-        if window is not None and window < 0:
-            raise CommandError("--dedup-window must be >= 0")
         defaults = gateway_settings().default_queue
-        queue, _ = Queue.objects.get_or_create(
-            name=name,
-            defaults={
-                "visibility_timeout": defaults.visibility_timeout,
-                "max_deliveries": defaults.max_deliveries,
-                "dedup_window": defaults.dedup_window,
-            },
+        queue, _ = Queue.objects.get_or_create(name=name, defaults=_row(defaults))
+        current = QueueSettings(
+            queue.visibility_timeout,
+            queue.max_deliveries,
+            queue.dedup_window,
+            queue.max_length,
+            queue.overflow,  # type: ignore[arg-type]
         )
-        if timeout is not None:
-            queue.visibility_timeout = timeout
-        if max_deliveries is not None:
-            queue.max_deliveries = max_deliveries
-        if window is not None:
-            queue.dedup_window = window
+        for field, value in _row(current.changed(changes)).items():
+            setattr(queue, field, value)
         queue.save()
         self.stdout.write(
-            f"{queue.name}: visibility_timeout={queue.visibility_timeout} "
-            f"max_deliveries={queue.max_deliveries} dedup_window={queue.dedup_window}"
+            f"{queue.name}: " + " ".join(f"{field}={getattr(queue, field)}" for field in _OPTIONS)
         )
+
+
+def _row(settings: QueueSettings) -> dict[str, Any]:
+    return {name: getattr(settings, name) for name in _OPTIONS}
