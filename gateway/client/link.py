@@ -36,6 +36,7 @@ __all__ = [
     "Link",
     "PendingReplies",
     "backoff_delays",
+    "enqueue_fields",
     "http_url",
     "name_path",
     "permanent",
@@ -84,6 +85,28 @@ def http_url(base: str, path: str) -> str:
     parts = urlsplit(base if "://" in base else f"http://{base}")
     scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
     return urlunsplit((scheme, parts.netloc, path, "", ""))
+
+
+def enqueue_fields(
+    *, key: str | None = None, group: str | None = None, priority: int = 0, ttl: float | None = None
+) -> dict[str, Any]:
+    """The optional fields of an ENQUEUE, only those that are set.
+
+    A field left at its default is not sent at all, so a gateway that predates
+    protocol 1.1 (``group``, ``priority``, ``ttl``) sees exactly the v1 frame.
+    Values are not checked here: the gateway answers a bad one (``invalid``, or
+    ``bad_frame`` for a wrong type).
+    """
+    fields: dict[str, Any] = {}
+    if key is not None:
+        fields["key"] = key
+    if group is not None:
+        fields["group"] = group
+    if priority != 0:
+        fields["priority"] = priority
+    if ttl is not None:
+        fields["ttl"] = ttl
+    return fields
 
 
 def name_path(prefix: str, name: str) -> str:

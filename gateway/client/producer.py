@@ -4,6 +4,7 @@
 
     async with Producer("http://127.0.0.1:8000", token=TOKEN) as producer:
         await producer.enqueue("emails", {"to": "ada@example.com"}, key="signup-42")
+        await producer.enqueue("orders", {"step": 2}, group="order-7", priority=5, ttl=3600)
         await producer.enqueue_many("emails", [{"body": i} for i in range(10_000)])
         await producer.publish("prices", {"EURUSD": 1.09})
 
@@ -19,7 +20,7 @@ import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gateway.client.link import Link, ws_url
+from gateway.client.link import Link, enqueue_fields, ws_url
 from gateway.errors import ConnectionClosed, LeasecastError, ProtocolError, UnknownOp
 
 __all__ = ["CHUNK", "Producer"]
@@ -76,9 +77,20 @@ class Producer:
             return self._link
 
     async def enqueue(
-        self, queue: str, body: Any, *, key: str | None = None, delay: float = 0
+        self,
+        queue: str,
+        body: Any,
+        *,
+        key: str | None = None,
+        delay: float = 0,
+        group: str | None = None,
+        priority: int = 0,
+        ttl: float | None = None,
     ) -> dict[str, Any]:
         """Enqueue one message.
+
+        ``group``, ``priority`` and ``ttl`` are protocol 1.1 fields, sent only
+        when set: a gateway that predates them sees the v1 frame.
 
         Args:
             queue: the queue name.
@@ -86,23 +98,35 @@ class Producer:
             key: idempotency key; a repeat within the queue's dedup window is a
                 no-op that returns the first message's id with ``duplicate`` true.
             delay: seconds before the message is visible.
+            group: messages of one group are delivered one at a time, in enqueue
+                order (1-200 characters).
+            priority: -100..100; among visible messages a higher one goes first.
+            ttl: seconds (> 0, at most a year); a message not acked within ``ttl``
+                of its enqueue is dead-lettered with reason ``expired``.
 
         Returns:
             ``{"id": ..., "duplicate": ...}`` once the message is stored.
 
         Raises:
             ProtocolError: refused (``invalid``, ``forbidden``, ``too_large``, ...).
+            Backpressure: the queue is bounded (``max_length``) and full; nothing
+                was applied.
             Unauthorized: the gateway refused the token.
             ConnectionClosed: the socket dropped first; retry (with a key).
         """
         frame: dict[str, Any] = {"op": "enqueue", "queue": queue, "body": body, "delay": delay}
-        if key is not None:
-            frame["key"] = key
+        frame.update(enqueue_fields(key=key, group=group, priority=priority, ttl=ttl))
         reply = await (await self._connected()).request(frame)
         return {"id": reply["id"], "duplicate": reply["duplicate"]}
 
     async def enqueue_many(
-        self, queue: str, messages: Iterable[Mapping[str, Any]]
+        self,
+        queue: str,
+        messages: Iterable[Mapping[str, Any]],
+        *,
+        group: str | None = None,
+        priority: int = 0,
+        ttl: float | None = None,
     ) -> list[dict[str, Any]]:
         """Enqueue many messages, pipelined: every frame is sent before any reply is awaited.
 
@@ -112,7 +136,11 @@ class Producer:
 
         Args:
             queue: the queue name.
-            messages: ``{"body", "key"?, "delay"?}`` each.
+            messages: ``{"body", "key"?, "delay"?, "group"?, "priority"?, "ttl"?}``
+                each (see :meth:`enqueue`).
+            group: the group of every message that does not name its own.
+            priority: the priority of every message that does not give its own.
+            ttl: the ttl of every message that does not give its own.
 
         Returns:
             ``{"id", "duplicate"}`` per message, in order.
@@ -123,7 +151,8 @@ class Producer:
                 failed. Retrying with idempotency keys is safe.
             ConnectionClosed: the socket dropped before every reply came.
         """
-        batch = [dict(message) for message in messages]
+        defaults = enqueue_fields(group=group, priority=priority, ttl=ttl)
+        batch = [{**defaults, **message} for message in messages]
         if not batch:
             return []
         if self._batch_op is not False:

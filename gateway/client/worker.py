@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.client.link import Link, backoff_delays, name_path, reopen, ws_url
+from gateway.client.link import Link, backoff_delays, enqueue_fields, name_path, reopen, ws_url
 from gateway.errors import ConnectionClosed, StaleReceipt
 
 __all__ = ["Delivery", "Worker"]
@@ -39,6 +39,9 @@ class Delivery:
         deliveries: how many times the message was delivered, this one included.
         expires_in: seconds until the lease ends unless extended (as of delivery,
             or of the last :meth:`extend`).
+        group: the message's group (protocol 1.1), or None: the next message of
+            the group is not delivered before this one is acked or dead-lettered.
+        priority: the message's priority, -100..100 (0 unless it was given one).
     """
 
     queue: str
@@ -47,6 +50,8 @@ class Delivery:
     body: Any
     deliveries: int
     expires_in: float
+    group: str | None = None
+    priority: int = 0
     _link: Link = field(repr=False, compare=False, kw_only=True)
 
     async def _request(self, frame: dict[str, Any]) -> dict[str, Any]:
@@ -63,8 +68,10 @@ class Delivery:
         """Delete the message, and enqueue follow-ups in the same transaction.
 
         Args:
-            enqueue: messages ``{"body", "queue"?, "key"?, "delay"?}`` to enqueue
-                atomically with the ack (``queue`` defaults to this one).
+            enqueue: messages ``{"body", "queue"?, "key"?, "delay"?, "group"?,
+                "priority"?, "ttl"?}`` to enqueue atomically with the ack (``queue``
+                defaults to this one; the fields mean what they mean for
+                :meth:`Worker.enqueue`).
 
         Returns:
             The follow-ups' ``{"id", "duplicate"}``, in order (empty without ``enqueue``).
@@ -280,13 +287,27 @@ class Worker:
             body=frame["body"],
             deliveries=int(frame["deliveries"]),
             expires_in=float(frame["expires_in"]),
+            # Protocol 1.1: present when the message has a group or a priority.
+            group=frame.get("group"),
+            priority=int(frame.get("priority") or 0),
             _link=link,
         )
 
     async def enqueue(
-        self, body: Any, *, queue: str | None = None, key: str | None = None, delay: float = 0
+        self,
+        body: Any,
+        *,
+        queue: str | None = None,
+        key: str | None = None,
+        delay: float = 0,
+        group: str | None = None,
+        priority: int = 0,
+        ttl: float | None = None,
     ) -> dict[str, Any]:
         """Enqueue a message on this worker's socket (reopening it if it dropped).
+
+        ``group``, ``priority`` and ``ttl`` are sent only when set (see
+        :meth:`Producer.enqueue <gateway.client.producer.Producer.enqueue>`).
 
         Args:
             body: the message body, any JSON value.
@@ -294,19 +315,24 @@ class Worker:
             key: idempotency key; a repeat within the queue's dedup window is a
                 no-op that returns the first message's id with ``duplicate`` true.
             delay: seconds before the message is visible.
+            group: messages of one group are delivered one at a time, in enqueue order.
+            priority: -100..100; among visible messages a higher one goes first.
+            ttl: seconds; a message not acked within ``ttl`` of its enqueue is
+                dead-lettered with reason ``expired``.
 
         Returns:
             ``{"id": ..., "duplicate": ...}`` once the message is stored.
 
         Raises:
             ProtocolError: refused (``forbidden``, ``invalid``, ``too_large``, ...).
+            Backpressure: the queue is bounded (``max_length``) and full; nothing
+                was applied.
             ConnectionClosed: the socket dropped before the reply (retry with a key),
                 or the worker is closed.
         """
         frame: dict[str, Any] = {"op": "enqueue", "body": body, "delay": delay}
         if queue is not None:
             frame["queue"] = queue
-        if key is not None:
-            frame["key"] = key
+        frame.update(enqueue_fields(key=key, group=group, priority=priority, ttl=ttl))
         reply = await (await self._live_link()).request(frame)
         return {"id": reply["id"], "duplicate": reply["duplicate"]}

@@ -8,7 +8,7 @@ import pytest
 
 from gateway.client import Producer
 from gateway.client.producer import CHUNK
-from gateway.errors import ConnectionClosed, Forbidden, Invalid, Unauthorized
+from gateway.errors import BadFrame, ConnectionClosed, Forbidden, Invalid, Unauthorized
 from tests.unit.test_client_worker import TOKEN, FakeGateway
 
 
@@ -83,6 +83,63 @@ async def test_enqueue_many_reports_which_part_was_refused(gateway: FakeGateway)
         "1 of 2 frames failed, the others were applied"
     ]
     assert len(gateway.queues["bulk"]) == CHUNK  # the first frame stands, alone
+
+
+async def test_enqueue_sends_group_priority_ttl_only_when_set(gateway: FakeGateway) -> None:
+    async with Producer(gateway.ws, token=TOKEN) as producer:
+        await producer.enqueue("orders", "v1", priority=0)  # the default: nothing to send
+        await producer.enqueue("orders", "step 1", group="order-7", priority=5, ttl=3600)
+        await producer.enqueue("orders", "low", priority=-100, ttl=0.25)
+    v1, grouped, low = gateway.received
+    assert v1 == {"op": "enqueue", "queue": "orders", "body": "v1", "delay": 0, "ref": v1["ref"]}
+    assert {k: grouped.get(k) for k in ("key", "group", "priority", "ttl")} == {
+        "key": None,
+        "group": "order-7",
+        "priority": 5,
+        "ttl": 3600,
+    }
+    assert "group" not in low and (low["priority"], low["ttl"]) == (-100, 0.25)
+    stored = [(m.body, m.group, m.priority, m.ttl) for m in gateway.queues["orders"]]
+    assert stored == [
+        ("v1", None, 0, None),
+        ("step 1", "order-7", 5, 3600),
+        ("low", None, -100, 0.25),
+    ]
+
+
+@pytest.mark.parametrize("batch_op", [True, False])
+async def test_enqueue_many_applies_defaults_a_message_can_override(batch_op: bool) -> None:
+    messages = [
+        {"body": 0},
+        {"body": 1, "group": "own", "priority": 9, "ttl": 5},
+        {"body": 2, "group": None},  # explicitly without a group
+    ]
+    async with FakeGateway(batch_op=batch_op) as gateway:
+        async with Producer(gateway.ws, token=TOKEN) as producer:
+            await producer.enqueue_many("bulk", messages, group="g", priority=-1, ttl=60)
+            await producer.enqueue_many("bulk", [{"body": 3}])  # no defaults: v1 messages
+        stored = [(m.body, m.group, m.priority, m.ttl) for m in gateway.queues["bulk"]]
+        last = gateway.received[-1]
+        sent = last["messages"][0] if batch_op else last
+    assert stored == [
+        (0, "g", -1, 60),
+        (1, "own", 9, 5),
+        (2, None, -1, 60),
+        (3, None, 0, None),
+    ]
+    assert messages[0] == {"body": 0}  # the caller's dicts are left as they were
+    assert sent["body"] == 3 and not {"group", "priority", "ttl"} & set(sent)
+
+
+async def test_bad_values_are_the_gateways_to_refuse(gateway: FakeGateway) -> None:
+    async with Producer(gateway.ws, token=TOKEN) as producer:
+        with pytest.raises(Invalid, match="priority"):
+            await producer.enqueue("q", 1, priority=500)
+        with pytest.raises(BadFrame, match="group"):
+            await producer.enqueue("q", 1, group=7)  # type: ignore[arg-type]
+        with pytest.raises(Invalid, match=r"messages\[1\]: ttl"):
+            await producer.enqueue_many("q", [{"body": 1}, {"body": 2, "ttl": -1}])
+    assert len(gateway.received) == 3 and not gateway.queues["q"]
 
 
 async def test_refusals_raise_and_the_socket_stays_usable(gateway: FakeGateway) -> None:

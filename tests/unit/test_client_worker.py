@@ -48,6 +48,9 @@ class Msg:
     body: Any
     deliveries: int = 0
     visible_at: float = 0.0
+    group: str | None = None
+    priority: int = 0
+    ttl: float | None = None
 
 
 class FakeGateway:
@@ -112,10 +115,14 @@ class FakeGateway:
     def ws(self) -> str:
         return f"ws://127.0.0.1:{self.port}"
 
-    async def put(self, queue: str, *bodies: Any) -> None:
+    async def put(
+        self, queue: str, *bodies: Any, group: str | None = None, priority: int = 0
+    ) -> None:
         """Enqueue messages directly (test set-up)."""
         for body in bodies:
-            self.queues[queue].append(Msg(next(self._seq), queue, body))
+            self.queues[queue].append(
+                Msg(next(self._seq), queue, body, group=group, priority=priority)
+            )
         await self._notify()
 
     def drop(self) -> None:
@@ -260,8 +267,10 @@ class FakeGateway:
             queue = frame.get("queue", own_queue)
             # All or nothing: check every message before storing any.
             for index, message in enumerate(frame["messages"]):
-                if message.get("delay", 0) < 0:
-                    raise Invalid(f"messages[{index}]: delay must be >= 0")
+                try:
+                    self._validate(message)
+                except ProtocolError as exc:
+                    raise type(exc)(f"messages[{index}]: {exc.detail}") from None
             results = [self._enqueue({"queue": queue, **m}) for m in frame["messages"]]
             return {"op": "enqueued_many", "results": results}
         if op == "publish":
@@ -269,16 +278,32 @@ class FakeGateway:
             return {"op": "published", "topic": frame["topic"], "seq": next(self._topic_seq)}
         raise UnknownOp(f"unknown op {op!r}")
 
+    @staticmethod
+    def _validate(message: dict[str, Any]) -> None:
+        """A message's fields, checked as gateway/protocol.py does (the client does not)."""
+        if message.get("delay", 0) < 0:
+            raise Invalid("delay must be >= 0")
+        group, priority, ttl = message.get("group"), message.get("priority", 0), message.get("ttl")
+        if group is not None and not isinstance(group, str):
+            raise BadFrame("field 'group' must be a string")
+        if not isinstance(priority, int | float) or isinstance(priority, bool):
+            raise BadFrame("field 'priority' must be a number")
+        if priority != int(priority) or not -100 <= priority <= 100:
+            raise Invalid("priority must be an integer -100..100")
+        if ttl is not None and not 0 < ttl <= 365 * 24 * 3600:
+            raise Invalid("ttl must be > 0 and <= 31536000 seconds")
+
     def _enqueue(self, frame: dict[str, Any]) -> dict[str, Any]:
         queue = frame["queue"]
         if queue in self.forbidden:
             raise Forbidden(f"token has no scope enqueue:{queue}")
-        if frame.get("delay", 0) < 0:
-            raise Invalid("delay must be >= 0")
+        self._validate(frame)
         key = frame.get("key")
         if key is not None and (queue, key) in self._keys:
             return {"id": self._keys[(queue, key)], "duplicate": True}
         msg = Msg(next(self._seq), queue, frame["body"])
+        msg.group, msg.ttl = frame.get("group"), frame.get("ttl")
+        msg.priority = int(frame.get("priority", 0))
         msg.visible_at = time.monotonic() + frame.get("delay", 0)
         self.queues[queue].append(msg)
         if key is not None:
@@ -311,18 +336,21 @@ class FakeGateway:
             if self.noise:
                 await conn.send("not json")
                 await conn.send("[1, 2]")
-            await self._send(
-                conn,
-                {
-                    "op": "deliver",
-                    "queue": queue,
-                    "id": f"m{msg.seq}",
-                    "receipt": receipt,
-                    "body": msg.body,
-                    "deliveries": msg.deliveries,
-                    "expires_in": 30.0,
-                },
-            )
+            deliver = {
+                "op": "deliver",
+                "queue": queue,
+                "id": f"m{msg.seq}",
+                "receipt": receipt,
+                "body": msg.body,
+                "deliveries": msg.deliveries,
+                "expires_in": 30.0,
+            }
+            # As the gateway does: both protocol 1.1 fields when either applies.
+            if msg.group is not None or msg.priority != 0:
+                deliver["priority"] = msg.priority
+            if msg.group is not None:
+                deliver["group"] = msg.group
+            await self._send(conn, deliver)
 
     async def _notify(self) -> None:
         async with self._changed:
@@ -452,6 +480,59 @@ async def test_worker_enqueue_to_its_own_queue_and_others(gateway: FakeGateway) 
         (delivery,) = await take(worker, 1)
         assert delivery.body == {"n": 1}
     assert [m.body for m in gateway.queues["other"]] == ["elsewhere"]
+
+
+# -- protocol 1.1: group, priority, ttl ------------------------------------------
+
+
+async def test_deliveries_carry_group_and_priority_when_the_message_has_them(
+    gateway: FakeGateway,
+) -> None:
+    await gateway.put("jobs", "plain")
+    await gateway.put("jobs", "grouped", group="order-7")
+    await gateway.put("jobs", "urgent", priority=-100)
+    async with Worker(gateway.ws, "jobs", token=TOKEN, prefetch=3) as worker:
+        plain, grouped, urgent = await take(worker, 3)
+    assert (plain.group, plain.priority) == (None, 0)
+    assert (grouped.group, grouped.priority) == ("order-7", 0)
+    assert (urgent.group, urgent.priority) == (None, -100)
+    # What the gateway sent: the fields only on the messages that have them.
+    sent = [f for f in gateway.sent if f["op"] == "deliver"]
+    assert ["group" in f for f in sent] == [False, True, False]
+    assert ["priority" in f for f in sent] == [False, True, True]
+    assert "group='order-7'" in repr(grouped) and "priority=-100" in repr(urgent)
+
+
+async def test_worker_enqueue_and_ack_follow_ups_send_group_priority_ttl(
+    gateway: FakeGateway,
+) -> None:
+    async with Worker(gateway.ws, "jobs", token=TOKEN) as worker:
+        await worker.enqueue("v1")
+        await worker.enqueue("v1.1", queue="other", group="g", priority=7, ttl=60)
+        (delivery,) = await take(worker, 1)
+        follow_ups = [
+            {"body": "next", "group": "g", "priority": -3, "ttl": 0.5},
+            {"queue": "other", "body": "plain"},
+        ]
+        assert len(await delivery.ack(enqueue=follow_ups)) == 2
+        with pytest.raises(Invalid, match="priority"):
+            await worker.enqueue("x", priority=101)  # the gateway's answer, not the client's
+        with pytest.raises(Invalid, match="ttl"):
+            await worker.enqueue("x", ttl=0)
+    frames = [f for f in gateway.received if f["op"] in ("enqueue", "ack")]
+    # A v1 call sends the v1 frame: no field of 1.1, not even a default.
+    assert frames[0] == {"op": "enqueue", "body": "v1", "delay": 0, "ref": frames[0]["ref"]}
+    assert {k: frames[1][k] for k in ("queue", "group", "priority", "ttl")} == {
+        "queue": "other",
+        "group": "g",
+        "priority": 7,
+        "ttl": 60,
+    }
+    assert frames[2]["enqueue"] == follow_ups
+    stored = {m.body: m for msgs in gateway.queues.values() for m in msgs}
+    assert (stored["next"].group, stored["next"].priority, stored["next"].ttl) == ("g", -3, 0.5)
+    assert (stored["plain"].group, stored["plain"].priority) == (None, 0)
+    assert "x" not in stored
 
 
 # -- refusals -------------------------------------------------------------------
@@ -612,5 +693,15 @@ async def test_iterating_without_async_with_connects_on_first_use(gateway: FakeG
 
 def test_delivery_repr_hides_the_socket() -> None:
     fields = Delivery.__dataclass_fields__
-    assert set(fields) == {"queue", "id", "receipt", "body", "deliveries", "expires_in", "_link"}
+    assert set(fields) == {
+        "queue",
+        "id",
+        "receipt",
+        "body",
+        "deliveries",
+        "expires_in",
+        "group",
+        "priority",
+        "_link",
+    }
     assert not fields["_link"].repr
