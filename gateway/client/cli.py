@@ -4,6 +4,7 @@
 
     export LEASECAST_URL=http://127.0.0.1:8000 LEASECAST_TOKEN=lc_...
     leasecast enqueue emails '{"to": "ada@example.com"}' --key signup-42
+    leasecast enqueue orders '{"step": 2}' --group order-7 --priority 5 --ttl 3600
     seq 3 | leasecast enqueue emails -          # one JSON body per line of stdin
     leasecast consume emails --count 10         # print each delivery as JSON, ack it
     leasecast stats emails
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import sys
 import urllib.error
@@ -32,8 +34,16 @@ from gateway.client.producer import Producer
 from gateway.client.subscriber import Subscriber
 from gateway.client.worker import Worker
 from gateway.errors import LeasecastError, ProtocolError, error_for_code
+from gateway.protocol import MAX_GROUP_LENGTH, MAX_PRIORITY, MAX_TTL
 
-__all__ = ["UsageError", "build_parser", "main", "parse_bodies", "positive_int"]
+__all__ = [
+    "UsageError",
+    "build_parser",
+    "enqueue_options",
+    "main",
+    "parse_bodies",
+    "positive_int",
+]
 
 _DESCRIPTION = "Enqueue, consume, publish, subscribe and inspect Leasecast from a shell."
 
@@ -76,6 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
     enqueue.add_argument("bodies", nargs="*", help="JSON bodies; '-' reads one per line of stdin")
     enqueue.add_argument("--key", help="idempotency key (one body only)")
     enqueue.add_argument("--delay", type=float, default=0.0, help="seconds before visible")
+    # Read as text and checked by enqueue_options(): a bad value is one line, exit 2.
+    enqueue.add_argument(
+        "--group", help="delivered one at a time, in enqueue order, with others of its group"
+    )
+    enqueue.add_argument(
+        "--priority", help=f"-{MAX_PRIORITY}..{MAX_PRIORITY}, default 0; higher goes first"
+    )
+    enqueue.add_argument("--ttl", help="seconds; dead-lettered as 'expired' if not acked within it")
 
     consume = commands.add_parser("consume", help="print deliveries as JSON lines and ack them")
     consume.add_argument("queue")
@@ -128,18 +146,59 @@ def parse_bodies(args: Iterable[str], stdin: Iterable[str]) -> list[Any]:
     return bodies
 
 
+def enqueue_options(
+    group: str | None, priority: str | None, ttl: str | None
+) -> tuple[str | None, int, float | None]:
+    """Check ``--group``, ``--priority`` and ``--ttl`` as the gateway would.
+
+    Returns:
+        ``(group, priority, ttl)`` for :meth:`Producer.enqueue
+        <gateway.client.producer.Producer.enqueue>` (priority 0 when not given).
+
+    Raises:
+        UsageError: a value the gateway would refuse, named in one line.
+    """
+    if group is not None and not 1 <= len(group) <= MAX_GROUP_LENGTH:
+        raise UsageError(f"--group must be 1-{MAX_GROUP_LENGTH} characters (it has {len(group)})")
+    number = 0
+    if priority is not None:
+        number = _parse(int, priority)
+        if not -MAX_PRIORITY <= number <= MAX_PRIORITY:
+            raise UsageError(
+                f"--priority must be an integer -{MAX_PRIORITY}..{MAX_PRIORITY}, not {priority!r}"
+            )
+    seconds = None
+    if ttl is not None:
+        seconds = _parse(float, ttl)
+        if not 0 < seconds <= MAX_TTL:  # also refuses nan and inf
+            raise UsageError(f"--ttl must be seconds > 0 and <= {MAX_TTL:.0f}, not {ttl!r}")
+    return group, number, seconds
+
+
+def _parse(kind: type[int] | type[float], text: str) -> Any:
+    """``kind(text)``, or a value out of every range (nan) if it is not one."""
+    try:
+        return kind(text)
+    except ValueError:
+        return math.nan
+
+
 async def _enqueue(ns: argparse.Namespace) -> None:
+    group, priority, ttl = enqueue_options(ns.group, ns.priority, ns.ttl)
     bodies = parse_bodies(ns.bodies, sys.stdin)
     if not bodies:
         raise UsageError("no bodies: give JSON bodies as arguments or '-' for stdin")
     if ns.key is not None and len(bodies) != 1:
         raise UsageError("--key applies to exactly one body")
+    options: dict[str, Any] = {"group": group, "priority": priority, "ttl": ttl}
     async with Producer(ns.url, token=ns.token) as producer:
         if len(bodies) == 1:
-            results = [await producer.enqueue(ns.queue, bodies[0], key=ns.key, delay=ns.delay)]
+            results = [
+                await producer.enqueue(ns.queue, bodies[0], key=ns.key, delay=ns.delay, **options)
+            ]
         else:
             messages = [{"body": body, "delay": ns.delay} for body in bodies]
-            results = await producer.enqueue_many(ns.queue, messages)
+            results = await producer.enqueue_many(ns.queue, messages, **options)
     for result in results:
         print(json.dumps(result))
 
@@ -154,6 +213,11 @@ async def _consume(ns: argparse.Namespace) -> None:
                 "deliveries": delivery.deliveries,
                 "body": delivery.body,
             }
+            # Protocol 1.1: shown when the message has them.
+            if delivery.group is not None:
+                line["group"] = delivery.group
+            if delivery.priority != 0:
+                line["priority"] = delivery.priority
             # Printed (and flushed) before the ack: if the ack is lost, the
             # message comes again, which is at-least-once, never at-most-once.
             print(json.dumps(line), flush=True)

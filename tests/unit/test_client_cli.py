@@ -194,3 +194,56 @@ async def test_consume_prints_and_acks_up_to_count(
     args = ["--url", gateway.http, "--token", TOKEN, "consume", "secret"]
     assert await asyncio.to_thread(main, args) == 1
     assert capsys.readouterr().err == "leasecast: forbidden: no secret\n"
+
+
+async def test_enqueue_with_group_priority_ttl_and_consume_shows_them(
+    gateway: FakeGateway, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = ["--url", gateway.http, "--token", TOKEN]
+    options = ["--group", "order-7", "--priority", "-5", "--ttl", "90.5"]
+    assert await asyncio.to_thread(main, [*base, "enqueue", "jobs", '"one"', *options]) == 0
+    monkeypatch.setattr("sys.stdin", io.StringIO("2\n3\n"))
+    assert await asyncio.to_thread(main, [*base, "enqueue", "jobs", "-", "--priority", "9"]) == 0
+    assert await asyncio.to_thread(main, [*base, "enqueue", "jobs", '"plain"']) == 0
+    capsys.readouterr()
+    single, many, plain = gateway.received
+    assert {k: single[k] for k in ("group", "priority", "ttl")} == {
+        "group": "order-7",
+        "priority": -5,
+        "ttl": 90.5,
+    }
+    assert [(m["body"], m["priority"]) for m in many["messages"]] == [(2, 9), (3, 9)]
+    assert not {"group", "ttl"} & set(many["messages"][0])
+    assert not {"group", "priority", "ttl"} & set(plain)  # nothing new without the options
+
+    assert await asyncio.to_thread(main, [*base, "consume", "jobs", "--count", "4"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [{k: v for k, v in line.items() if k not in ("queue", "id")} for line in lines] == [
+        {"deliveries": 1, "body": "one", "group": "order-7", "priority": -5},
+        {"deliveries": 1, "body": 2, "priority": 9},
+        {"deliveries": 1, "body": 3, "priority": 9},
+        {"deliveries": 1, "body": "plain"},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--priority", "101"], "--priority must be an integer -100..100, not '101'"),
+        (["--priority", "1.5"], "--priority must be an integer -100..100, not '1.5'"),
+        (["--priority", "high"], "--priority must be an integer -100..100, not 'high'"),
+        (["--ttl", "0"], "--ttl must be seconds > 0 and <= 31536000, not '0'"),
+        (["--ttl", "-1"], "--ttl must be seconds > 0 and <= 31536000, not '-1'"),
+        (["--ttl", "nan"], "--ttl must be seconds > 0 and <= 31536000, not 'nan'"),
+        (["--ttl", "soon"], "--ttl must be seconds > 0 and <= 31536000, not 'soon'"),
+        (["--group", ""], "--group must be 1-200 characters (it has 0)"),
+        (["--group", "g" * 201], "--group must be 1-200 characters (it has 201)"),
+    ],
+)
+async def test_bad_group_priority_or_ttl_exits_2_with_one_line(
+    option: list[str], message: str, gateway: FakeGateway, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["--url", gateway.http, "--token", TOKEN, "enqueue", "jobs", "1", *option]
+    assert await asyncio.to_thread(main, args) == 2
+    assert capsys.readouterr().err == f"leasecast: error: {message}\n"
+    assert gateway.handshakes == 0  # refused before connecting

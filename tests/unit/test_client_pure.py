@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from gateway.client import Producer, Worker
-from gateway.client.cli import UsageError, build_parser, parse_bodies
+from gateway.client.cli import UsageError, build_parser, enqueue_options, parse_bodies
 from gateway.client.link import (
     PendingReplies,
     backoff_delays,
@@ -47,6 +47,17 @@ def test_bodies_from_arguments_and_stdin() -> None:
     assert parse_bodies(['{"a": 1}', "-", "3"], ["1\n", "\n", '"x"\n']) == [{"a": 1}, 1, "x", 3]
     with pytest.raises(UsageError, match="body 2"):
         parse_bodies(["1", "{oops"], [])
+
+
+def test_enqueue_options_as_the_gateway_reads_them() -> None:
+    assert enqueue_options(None, None, None) == (None, 0, None)
+    assert enqueue_options("g", "-100", "0.5") == ("g", -100, 0.5)
+    assert enqueue_options("x" * 200, "100", str(365 * 24 * 3600)) == ("x" * 200, 100, 31536000.0)
+    ns = build_parser().parse_args(["enqueue", "q", "1", "--priority", "-7", "--group", "g"])
+    assert (ns.group, ns.priority, ns.ttl) == ("g", "-7", None)  # checked later, in one line
+    for bad in [("", None, None), (None, "-101", None), (None, None, "31536001")]:
+        with pytest.raises(UsageError):
+            enqueue_options(*bad)
 
 
 def test_parser_reads_environment_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
