@@ -16,14 +16,43 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from dashboard import operations
-from gateway.errors import Invalid
-from gateway.leases import StoredState, observed_state
+from gateway.errors import Invalid, ProtocolError
+from gateway.leases import DEFAULT_QUEUE_SETTINGS, StoredState, observed_state
 from gateway.models import Message, Queue, Token, hash_token
 from gateway.scopes import parse_scope
 
 
+class QueueForm(forms.ModelForm[Queue]):
+    """Queue settings, checked by the same rules as ``PATCH /api/queues/QUEUE``."""
+
+    class Meta:
+        model = Queue
+        fields = (
+            "name",
+            "visibility_timeout",
+            "max_deliveries",
+            "dedup_window",
+            "max_length",
+            "overflow",
+        )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        settings = {
+            name: data[name]
+            for name in ("visibility_timeout", "max_deliveries", "dedup_window", "max_length")
+            if data.get(name) is not None
+        }
+        try:
+            DEFAULT_QUEUE_SETTINGS.changed(settings)
+        except ProtocolError as exc:
+            raise forms.ValidationError(exc.detail) from exc
+        return data
+
+
 @admin.register(Queue)
 class QueueAdmin(admin.ModelAdmin[Queue]):
+    form = QueueForm
     list_display = (
         "name",
         "visibility_timeout",
@@ -33,7 +62,6 @@ class QueueAdmin(admin.ModelAdmin[Queue]):
         "overflow",
         "counts",
     )
-    list_filter = ("overflow",)
     search_fields = ("name",)
     readonly_fields = ("created_at",)
     actions = ["purge_queues", "redrive_queues"]
@@ -103,7 +131,6 @@ class MessageAdmin(admin.ModelAdmin[Message]):
         "priority",
         "deliveries",
         "dead_reason",
-        "key",
         "short_body",
     )
     list_filter = ("queue", StateFilter, "dead_reason")
@@ -131,7 +158,7 @@ class MessageAdmin(admin.ModelAdmin[Message]):
 
     @admin.display(description="body")
     def short_body(self, message: Message) -> str:
-        return message.body if len(message.body) <= 80 else message.body[:77] + "..."
+        return message.body if len(message.body) <= 40 else message.body[:37] + "..."
 
     @admin.display(description="body")
     def pretty_body(self, message: Message) -> str:
