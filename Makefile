@@ -3,19 +3,33 @@ PYTHON ?= python3.11
 PORT ?= 8000
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# One stamp per set of packages: `make run` installs the runtime only (no
+# Spark, Playwright or benchmark baselines); the other targets add theirs.
+RUN_STAMP := $(VENV)/.installed-run
+SPARK_STAMP := $(VENV)/.installed-spark
+DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: run demo test lint typecheck unit integration bench install clean browser
+.PHONY: run demo test lint typecheck unit integration bench install dev clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(BIN)/python
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	$(BIN)/pip install --quiet -e .
+	touch $(RUN_STAMP)
 
-install: $(STAMP)
+$(SPARK_STAMP): $(RUN_STAMP)
+	$(BIN)/pip install --quiet -e '.[spark]'
+	touch $(SPARK_STAMP)
+
+$(DEV_STAMP): $(RUN_STAMP)
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(DEV_STAMP) $(SPARK_STAMP)
+
+## What running needs (the runtime); `make dev` adds the test and benchmark tools.
+install: $(RUN_STAMP)
+dev: $(DEV_STAMP)
 
 var:
 	mkdir -p var
@@ -28,22 +42,22 @@ run: install var
 
 ## The whole system alive: gateway, a Spark feed, workers (one crashy, one slow),
 ## a publisher and a subscriber per policy. Ctrl-C stops everything.
-demo: install var
+demo: $(SPARK_STAMP) var
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py bootstrap_dev --url http://127.0.0.1:$(PORT)
 	$(BIN)/python -m gateway.demo --port $(PORT)
 
-lint: install
+lint: dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-typecheck: install
+typecheck: dev
 	$(BIN)/mypy gateway consumers dashboard bench spark_feed
 
-unit: install
+unit: dev
 	$(BIN)/pytest tests/unit -q
 
-integration: install
+integration: dev
 	$(BIN)/pytest tests/integration -q
 
 ## Debian's Chromium for the browser tests, when we may install it (root);
@@ -58,10 +72,10 @@ browser:
 
 ## Lint, type-check, then every test suite.
 test: lint typecheck browser
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=10
 
 ## Benchmarks against their baselines; results go to docs/benchmarks.md by hand.
-bench: install
+bench: dev
 	$(BIN)/python -m bench.workqueue
 
 clean:

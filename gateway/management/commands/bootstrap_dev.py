@@ -24,9 +24,12 @@ class Command(BaseCommand):
         marker = settings.VAR_DIR / "dev-credentials.txt"
         url = options["url"].rstrip("/")
         user_model = get_user_model()
+        # The address is printed fresh each time: the same credentials serve
+        # whatever port this run uses.
+        where = f"  log in at:     {url}/admin/   dashboard: {url}/dashboard/\n"
         if user_model.objects.filter(is_superuser=True).exists():
             if marker.exists():
-                self.stdout.write(marker.read_text())
+                self.stdout.write(marker.read_text() + where)
             else:
                 self.stdout.write(f"An admin user exists: log in at {url}/admin/ with it.")
             return
@@ -34,11 +37,11 @@ class Command(BaseCommand):
         user_model.objects.create_superuser("admin", "admin@localhost", password)
         _, token = Token.issue("dev-admin", ["admin"])
         text = (
-            "Leasecast development credentials (shown once; kept in this git-ignored file)\n"
-            f"  admin login:   admin / {password}   at {url}/admin/\n"
+            "Leasecast development credentials (kept in this git-ignored file)\n"
+            f"  admin login:   admin / {password}\n"
             f"  admin token:   {token}\n"
             f"  export LEASECAST_TOKEN={token}\n"
         )
         marker.write_text(text)
         marker.chmod(0o600)
-        self.stdout.write(text)
+        self.stdout.write(text + where)
