@@ -6,18 +6,11 @@ serves the whole module.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
 from gateway.errors import NotFound, ProtocolError, StaleReceipt, Unavailable
-from gateway.leases import QueueSettings
 from gateway.protocol import EnqueueSpec
 from gateway.store import (
-    POSTGRESQL,
-    SQLITE,
     Ack,
     AckResult,
     Enqueue,
@@ -34,37 +27,19 @@ from gateway.store import (
 )
 from tests.unit.test_leases import FakeClock
 
-_names = itertools.count()
 
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(1_000_000.0)
-
-
-@pytest.fixture
-def store(database: tuple[str, Any], clock: FakeClock) -> Iterator[Store]:
-    kind, connect = database
-    s = Store(
-        connect,
-        SQLITE if kind == "sqlite" else POSTGRESQL,
-        clock=clock,
-        defaults=QueueSettings(visibility_timeout=30, max_deliveries=3, dedup_window=60),
-        settings_ttl=0,
-    )
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def queue() -> str:
-    return f"q{next(_names)}"
-
-
-def msg(body: object = 1, key: str | None = None, delay: float = 0.0) -> EnqueueSpec:
+def msg(
+    body: object = 1,
+    key: str | None = None,
+    delay: float = 0.0,
+    *,
+    group: str | None = None,
+    priority: int = 0,
+    ttl: float | None = None,
+) -> EnqueueSpec:
     import orjson
 
-    return EnqueueSpec(orjson.dumps(body), key, delay)
+    return EnqueueSpec(orjson.dumps(body), key, delay, group, priority, ttl)
 
 
 def one(store: Store, op: Any) -> Any:
