@@ -31,6 +31,7 @@ __all__ = [
     "ack_plain",
     "dead_letter_ids",
     "expire",
+    "expire_ids",
     "extend",
     "lease",
     "nack",
@@ -46,15 +47,28 @@ _CURRENT = (
 )
 
 
+_EXPIRE = (
+    "UPDATE leasecast_message SET state = 2, dead_reason = 'expired', lease_token = NULL, "
+    'expires_at = NULL WHERE {where} AND expires_at <= %s RETURNING queue_id, "group"'
+)
+
+
 def expire(txn: Txn, q: QueueRow) -> int:
     """Dead-letter (reason ``expired``) every message of ``q`` whose ttl has run out."""
-    rows = txn.exec(
-        "UPDATE leasecast_message SET state = 2, dead_reason = 'expired', lease_token = NULL, "
-        'expires_at = NULL WHERE queue_id = %s AND expires_at <= %s RETURNING "group"',
-        (q.id, txn.now),
-    ).fetchall()
-    for (group,) in rows:
-        txn.unsettle(q.id, group)
+    return _expire(txn, "queue_id = %s", [q.id])
+
+
+def expire_ids(txn: Txn, ids: Sequence[int]) -> int:
+    """:func:`expire` for these messages only (whatever their queue)."""
+    if not ids:
+        return 0
+    return _expire(txn, "id IN (" + ",".join(["%s"] * len(ids)) + ")", list(ids))
+
+
+def _expire(txn: Txn, where: str, params: list[object]) -> int:
+    rows = txn.exec(_EXPIRE.format(where=where), (*params, txn.now)).fetchall()
+    for queue_id, group in rows:
+        txn.unsettle(queue_id, group)
     return len(rows)
 
 
@@ -255,12 +269,15 @@ def release(txn: Txn, op: Release) -> int:
         if parsed is None:
             continue
         # No visible_at test: an expired lease not yet taken again is still
-        # ours to hand back, which makes it visible a little sooner. A group's
-        # head stays its head, so the group keeps its order.
+        # ours to hand back, which makes it visible a little sooner. But a
+        # message past its ttl is not (expiry ended the lease, even if no
+        # sweep has dead-lettered it yet). A group's head stays its head, so
+        # the group keeps its order.
         released += txn.exec(
             "UPDATE leasecast_message SET state = 0, visible_at = %s, lease_token = NULL "
-            "WHERE id = %s AND lease_token = %s AND state = 1",
-            (txn.now, *parsed),
+            "WHERE id = %s AND lease_token = %s AND state = 1 "
+            "AND (expires_at IS NULL OR expires_at > %s)",
+            (txn.now, *parsed, txn.now),
         ).rowcount
     if released:
         txn.woken.add(op.queue)

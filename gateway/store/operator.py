@@ -12,7 +12,7 @@ from typing import Any
 
 from gateway.errors import Invalid, NotFound
 from gateway.leases import StoredState
-from gateway.store.leasing import expire
+from gateway.store.leasing import expire, expire_ids
 from gateway.store.ops import BrowsedMessage, BrowsePage, BrowseState, QueueStats
 from gateway.store.txn import QueueRow, Txn
 
@@ -95,7 +95,11 @@ def purge(txn: Txn, q: QueueRow) -> int:
 
 
 def redrive(txn: Txn, q: QueueRow) -> int:
-    """Move every dead message of ``q`` back to visible, delivery count reset."""
+    """Move every dead message of ``q`` back to visible, delivery count reset.
+
+    Messages past their ttl are dead too, swept or not yet.
+    """
+    expire(txn, q)
     rows = txn.exec(
         "UPDATE leasecast_message SET "
         'state = CASE WHEN "group" IS NULL THEN 0 ELSE 4 END, visible_at = %s, '
@@ -118,7 +122,8 @@ def requeue_ids(txn: Txn, ids: list[int], queue_id: int | None = None) -> int:
     being dead-lettered again, and a leased message's lease token is cleared,
     so its old receipt is stale. A message of a group waits for its group's
     current head, so the group keeps its order and one message in flight.
-    Messages waiting for a lease (ready, delayed, waiting) are left alone.
+    Messages waiting for a lease (ready, delayed, waiting) are left alone,
+    unless their ttl has run out: then they are dead, swept or not yet.
 
     Args:
         ids: message ids.
@@ -129,6 +134,7 @@ def requeue_ids(txn: Txn, ids: list[int], queue_id: int | None = None) -> int:
     """
     if not ids:
         return 0
+    expire_ids(txn, ids)
     marks = ",".join(["%s"] * len(ids))
     where = f"id IN ({marks}) AND state IN (1, 2)"
     params: list[object] = [txn.now, *ids]
@@ -189,8 +195,9 @@ def browse(txn: Txn, q: QueueRow, state: BrowseState, limit: int, after: int | N
 
     Visible messages come in delivery order (priority, then enqueue order);
     the other states in enqueue order. ``after`` is the last id of the
-    previous page; if that message has meanwhile left the visible state, the
-    page goes on in enqueue order from it, whatever the priority.
+    previous page: the page goes on after it in that order, wherever that
+    message is now. If it no longer exists (acked, deleted), the page holds
+    the messages enqueued after it, in delivery order.
     """
     if not 1 <= limit <= 1000:
         raise Invalid("limit must be 1..1000")
