@@ -86,12 +86,24 @@ def configure(txn: Txn, name: str, changes: Mapping[str, object]) -> QueueStats:
 def purge(txn: Txn, q: QueueRow) -> int:
     """Delete every message of ``q`` that is not in flight; returns how many."""
     # In flight means leased and not expired: those stay with their workers,
-    # and stay their groups' heads.
+    # and stay their groups' heads. The groups purged from are settled all
+    # the same: on PostgreSQL another transaction may be promoting a message
+    # deleted here, and without this purge's group locks that promotion
+    # would find its row gone and leave the group without a head
+    # (tests/unit/test_groups_concurrency.py).
+    not_in_flight = "queue_id = %s AND NOT (state = 1 AND visible_at > %s)"
     purged: int = txn.exec(
-        "DELETE FROM leasecast_message WHERE queue_id = %s AND NOT (state = 1 AND visible_at > %s)",
+        f'DELETE FROM leasecast_message WHERE {not_in_flight} AND "group" IS NULL',
         (q.id, txn.now),
     ).rowcount
-    return purged
+    rows = txn.exec(
+        f'DELETE FROM leasecast_message WHERE {not_in_flight} AND "group" IS NOT NULL '
+        'RETURNING "group"',
+        (q.id, txn.now),
+    ).fetchall()
+    for group in {row[0] for row in rows}:
+        txn.unsettle(q.id, group)
+    return purged + len(rows)
 
 
 def redrive(txn: Txn, q: QueueRow) -> int:
