@@ -23,8 +23,12 @@ Each write task keeps one HTTP connection to the gateway for all its requests.
 
 Options: ``url``, ``token``, ``queue`` or ``topic``; ``bodyColumn`` (default:
 the whole row as a JSON object), ``keyColumn`` (idempotency key),
-``delayColumn`` (seconds), ``batchSize`` (messages per request, default 1000),
-``timeout`` (seconds per request, default 30).
+``delayColumn`` (seconds), ``groupColumn`` (a string column),
+``priorityColumn`` (an integer column, -100..100), ``ttlColumn`` (a numeric
+column, seconds), ``batchSize`` (messages per request, default 1000),
+``timeout`` (seconds per request, default 30). A null in a column leaves that
+field out of the row's message. ``group``, ``priority`` and ``ttl`` are
+protocol 1.1 fields of queues; a topic has none of them.
 
 Topics are not transactional: with ``topic`` each row is published from the
 executor as it is written, so a replayed batch publishes again (at least once).
@@ -36,12 +40,20 @@ import contextlib
 import http.client
 import json
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, WriterCommitMessage
-from pyspark.sql.types import StructType
+from pyspark.sql.types import (
+    DataType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegralType,
+    StringType,
+    StructType,
+)
 
 __all__ = ["LeasecastDataSource", "LeasecastStreamWriter", "SinkError"]
 
@@ -51,6 +63,20 @@ CHUNKS_PER_PARTITION = 1_000_000
 
 class SinkError(RuntimeError):
     """The gateway refused a request, or could not be reached: the batch fails."""
+
+
+#: The protocol 1.1 columns: option, message field, the column types it takes
+#: (checked on the driver when the query starts) and what to call them.
+_TYPED_COLUMNS: tuple[tuple[str, str, tuple[type[DataType], ...], str], ...] = (
+    ("groupColumn", "group", (StringType,), "a STRING column"),
+    ("priorityColumn", "priority", (IntegralType,), "an integer column (TINYINT..BIGINT)"),
+    (
+        "ttlColumn",
+        "ttl",
+        (IntegralType, FloatType, DoubleType, DecimalType),
+        "a numeric column (seconds)",
+    ),
+)
 
 
 @dataclass
@@ -103,21 +129,28 @@ class _Gateway:
 class LeasecastStreamWriter(DataSourceStreamWriter):
     """Stages each partition under the batch's transaction; commits the batch."""
 
-    def __init__(self, schema: StructType, options: dict[str, str]) -> None:
-        self.url = options.get("url", "http://127.0.0.1:8000").rstrip("/")
-        token = options.get("token")
+    def __init__(self, schema: StructType, options: Mapping[str, str]) -> None:
+        # Spark hands the options over case-insensitively, their names in lower
+        # case: ``keyColumn`` arrives as ``keycolumn``. Look them up the same way.
+        lowered = {name.lower(): value for name, value in options.items()}
+
+        def get(name: str) -> str | None:
+            return lowered.get(name.lower())
+
+        self.url = (get("url") or "http://127.0.0.1:8000").rstrip("/")
+        token = get("token")
         if not token:
             raise SinkError("option 'token' is required")
         self.token = token
-        self.queue = options.get("queue")
-        self.topic = options.get("topic")
+        self.queue = get("queue")
+        self.topic = get("topic")
         if (self.queue is None) == (self.topic is None):
             raise SinkError("give exactly one of the options 'queue' and 'topic'")
-        self.body_column = options.get("bodyColumn")
-        self.key_column = options.get("keyColumn")
-        self.delay_column = options.get("delayColumn")
-        self.batch_size = int(options.get("batchSize", "1000"))
-        self.timeout = float(options.get("timeout", "30"))
+        self.body_column = get("bodyColumn")
+        self.key_column = get("keyColumn")
+        self.delay_column = get("delayColumn")
+        self.batch_size = int(get("batchSize") or "1000")
+        self.timeout = float(get("timeout") or "30")
         names = set(schema.fieldNames())
         for option, column in (
             ("bodyColumn", self.body_column),
@@ -126,6 +159,23 @@ class LeasecastStreamWriter(DataSourceStreamWriter):
         ):
             if column is not None and column not in names:
                 raise SinkError(f"option {option}: no column {column!r} in {sorted(names)}")
+        #: (column, message field) of the protocol 1.1 columns asked for
+        self.typed_columns: list[tuple[str, str]] = []
+        for name, field, types, what in _TYPED_COLUMNS:
+            column = get(name)
+            if column is None:
+                continue
+            if self.topic is not None:
+                raise SinkError(f"option {name} applies to a queue, not to a topic")
+            if column not in names:
+                raise SinkError(f"option {name}: no column {column!r} in {sorted(names)}")
+            found = schema[column].dataType
+            if not isinstance(found, types):
+                raise SinkError(
+                    f"option {name}: column {column!r} is {found.simpleString().upper()}; "
+                    f"it must be {what} (cast it)"
+                )
+            self.typed_columns.append((column, field))
 
     def _message(self, row: Any) -> dict[str, Any]:
         record = row.asDict(recursive=True)
@@ -135,6 +185,12 @@ class LeasecastStreamWriter(DataSourceStreamWriter):
             message["key"] = str(record[self.key_column])
         if self.delay_column and record.get(self.delay_column) is not None:
             message["delay"] = float(record[self.delay_column])
+        for column, field in self.typed_columns:
+            value = record.get(column)
+            if value is not None:
+                # The column types were checked: str, int, or a number (a
+                # Decimal too, which JSON has no place for).
+                message[field] = value if field != "ttl" else float(value)
         return message
 
     def write(self, iterator: Iterator[Any]) -> StagedPartition:
@@ -231,4 +287,4 @@ class LeasecastDataSource(DataSource):
         return "value string"
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        return LeasecastStreamWriter(schema, dict(self.options))
+        return LeasecastStreamWriter(schema, self.options)
