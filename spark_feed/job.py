@@ -74,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     sink.add_argument("--body-column", help="the column that is the body (default: the row)")
     sink.add_argument("--key-column", help="a column to use as the idempotency key")
     sink.add_argument("--delay-column", help="a column of delays in seconds")
+    sink.add_argument("--group-column", help="a STRING column: the message's group (queues only)")
+    sink.add_argument(
+        "--priority-column", help="an integer column: the priority, -100..100 (queues only)"
+    )
+    sink.add_argument("--ttl-column", help="a numeric column: the ttl in seconds (queues only)")
     sink.add_argument(
         "--batch-size", type=positive_int, default=1000, help="messages per HTTP request"
     )
@@ -179,23 +184,42 @@ def source_frame(spark: SparkSession, ns: argparse.Namespace) -> DataFrame:
     return reader.json(str(folder))
 
 
-def start_query(frame: DataFrame, ns: argparse.Namespace, token: str) -> StreamingQuery:
-    """Start the sink on ``frame``."""
-    writer = (
-        frame.writeStream.format("leasecast")
-        .option("url", ns.url)
-        .option("token", token)
-        .option("batchSize", str(ns.batch_size))
-        .option("checkpointLocation", str(ns.checkpoint))
-    )
-    writer = writer.option("queue", ns.queue) if ns.queue else writer.option("topic", ns.topic)
+def sink_options(ns: argparse.Namespace, token: str) -> dict[str, str]:
+    """The sink's options for the command line's."""
+    options = {"url": ns.url, "token": token, "batchSize": str(ns.batch_size)}
+    options.update({"queue": ns.queue} if ns.queue else {"topic": ns.topic})
     for option, column in (
         ("bodyColumn", ns.body_column),
         ("keyColumn", ns.key_column),
         ("delayColumn", ns.delay_column),
+        ("groupColumn", ns.group_column),
+        ("priorityColumn", ns.priority_column),
+        ("ttlColumn", ns.ttl_column),
     ):
         if column:
-            writer = writer.option(option, column)
+            options[option] = column
+    return options
+
+
+def start_query(frame: DataFrame, ns: argparse.Namespace, token: str) -> StreamingQuery:
+    """Start the sink on ``frame``.
+
+    Raises:
+        JobError: the columns do not fit the options (a missing column, or one of
+            the wrong type): said once here, not by a query failing on every restart.
+    """
+    from spark_feed.sink import LeasecastStreamWriter, SinkError
+
+    options = sink_options(ns, token)
+    try:
+        LeasecastStreamWriter(frame.schema, options)  # checks the options on the schema
+    except SinkError as err:
+        raise JobError(str(err)) from None
+    writer = (
+        frame.writeStream.format("leasecast")
+        .options(**options)
+        .option("checkpointLocation", str(ns.checkpoint))
+    )
     if ns.available_now:
         writer = writer.trigger(availableNow=True)
     elif ns.trigger_seconds > 0:

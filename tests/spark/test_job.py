@@ -139,6 +139,15 @@ def test_job_refuses_bad_options_with_a_clear_error(site: GatewayProcess) -> Non
         ([*base, "--token", "lc_wrong", "--files", str(work / "empty")], "refused the token"),
         ([*base, "--rate", "0"], "must be at least 1"),
         ([*base, "--files", str(work), "--rate", "5"], "not allowed with"),
+        (
+            [
+                *base,
+                *("--token", site.issue_token("enqueue:*", name="job-columns")),
+                *("--files", str(work / "empty"), "--schema", "id LONG, name STRING"),
+                *("--priority-column", "name"),
+            ],
+            "error: option priorityColumn: column 'name' is STRING; it must be an integer column",
+        ),
     ]
     for command, message in cases:
         done = subprocess.run(
