@@ -11,45 +11,15 @@ the caller.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from typing import Any
 
-from django.db import connection, transaction
-
-from gateway.conf import gateway_settings
-from gateway.engine import wake_from_thread
 from gateway.errors import NotFound
 from gateway.models import Message, Queue
-from gateway.store import NOTIFY_CHANNEL, POSTGRESQL, SQLITE
 from gateway.store import operator as store_operator
-from gateway.store.groups import settle
-from gateway.store.txn import QueueCache, Txn
+from gateway.store.on_django import django_transaction
 
 __all__ = ["audit", "delete", "purge", "redrive", "requeue"]
-
-
-@contextmanager
-def _transaction() -> Iterator[Txn]:
-    """A store transaction on Django's connection; groups settled and pumps woken on commit."""
-    dialect = POSTGRESQL if connection.vendor == "postgresql" else SQLITE
-    with transaction.atomic(), connection.cursor() as cursor:
-        queues = QueueCache(gateway_settings().default_queue, ttl=0.0)
-        txn = Txn(cursor, dialect, time.time(), queues)
-        yield txn
-        settle(txn)
-        _announce(cursor, txn.woken)
-
-
-def _announce(cursor: Any, queues: Iterable[str]) -> None:
-    names = sorted(set(queues))
-    if connection.vendor == "postgresql":
-        for name in names:
-            # Signed "admin": every gateway's listener takes it (each skips
-            # only its own store's notifications).
-            cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, f"admin {name}"])
-    transaction.on_commit(lambda: wake_from_thread(names))
 
 
 def requeue(messages: Iterable[Message]) -> int:
@@ -60,14 +30,14 @@ def requeue(messages: Iterable[Message]) -> int:
     of a group waits for its group's head, or goes first if it is earlier
     than a head not yet leased. Returns how many messages changed.
     """
-    with _transaction() as txn:
+    with django_transaction() as txn:
         return store_operator.requeue_ids(txn, [m.pk for m in messages])
 
 
 def delete(messages: Iterable[Message]) -> int:
     """Delete messages in any state; a deleted group head lets its group's next go."""
     deleted = 0
-    with _transaction() as txn:
+    with django_transaction() as txn:
         for message in messages:
             q = txn.queue(txn.queues.name_of(txn, message.queue_id), create=False)
             try:
@@ -79,13 +49,13 @@ def delete(messages: Iterable[Message]) -> int:
 
 def purge(queue: Queue) -> int:
     """Delete every message of ``queue`` that is not in flight (as ``POST .../purge``)."""
-    with _transaction() as txn:
+    with django_transaction() as txn:
         return store_operator.purge(txn, txn.queue(queue.name, create=False))
 
 
 def redrive(queue: Queue) -> int:
     """Move every dead message back to visible with its delivery count reset."""
-    with _transaction() as txn:
+    with django_transaction() as txn:
         return store_operator.redrive(txn, txn.queue(queue.name, create=False))
 
 

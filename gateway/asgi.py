@@ -11,14 +11,14 @@ django_asgi_app = get_asgi_application()
 
 # Imported after Django is set up: they use models.
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from consumers.routing import websocket_urlpatterns  # noqa: E402
 from gateway.auth import websocket_auth_stack  # noqa: E402
+from gateway.conf import gateway_settings  # noqa: E402
 
 http_app = (
-    ASGIStaticFilesHandler(django_asgi_app) if settings.GATEWAY_SERVE_STATIC else django_asgi_app
+    ASGIStaticFilesHandler(django_asgi_app) if gateway_settings().serve_static else django_asgi_app
 )
 
 application = ProtocolTypeRouter(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cache
+from typing import Any
 
 from django.conf import settings
 
@@ -35,6 +36,10 @@ class GatewaySettings:
     token_limits: RateLimits = field(default_factory=RateLimits)
     # -- queue defaults (protocol: Work queue)
     default_queue: QueueSettings = field(default_factory=QueueSettings)
+    # -- serving
+    serve_static: bool = True
+    # -- django.tasks results (gateway.tasks): seconds a finished result is kept
+    task_result_retention: float = 7 * 24 * 3600.0
 
     @property
     def limits(self) -> Limits:
@@ -42,27 +47,43 @@ class GatewaySettings:
         return Limits(max_body_bytes=self.max_body_bytes)
 
 
+def _setting(name: str, default: Any) -> Any:
+    """A ``GATEWAY_*`` Django setting, or the default when a host project leaves it out."""
+    return getattr(settings, name, default)
+
+
 @cache
 def gateway_settings() -> GatewaySettings:
-    """Read the settings once per process."""
+    """Read the settings once per process.
+
+    Every ``GATEWAY_*`` setting is optional: a Django project that adds
+    Leasecast to ``INSTALLED_APPS`` gets the defaults here (the standalone
+    service's ``gateway/settings.py`` reads them from the environment).
+    """
+    d = GatewaySettings()
+    queue = d.default_queue
     return GatewaySettings(
-        max_body_bytes=settings.GATEWAY_MAX_BODY_BYTES,
-        max_frame_bytes=settings.GATEWAY_MAX_FRAME_BYTES,
-        batch_max_ops=settings.GATEWAY_BATCH_MAX_OPS,
-        max_backlog=settings.GATEWAY_MAX_BACKLOG,
-        queue_settings_ttl=settings.GATEWAY_QUEUE_SETTINGS_TTL,
-        block_wait=settings.GATEWAY_BLOCK_WAIT,
-        token_cache_ttl=settings.GATEWAY_TOKEN_CACHE_TTL,
-        allowed_origins=tuple(settings.GATEWAY_ALLOWED_ORIGINS),
+        max_body_bytes=_setting("GATEWAY_MAX_BODY_BYTES", d.max_body_bytes),
+        max_frame_bytes=_setting("GATEWAY_MAX_FRAME_BYTES", d.max_frame_bytes),
+        batch_max_ops=_setting("GATEWAY_BATCH_MAX_OPS", d.batch_max_ops),
+        max_backlog=_setting("GATEWAY_MAX_BACKLOG", d.max_backlog),
+        queue_settings_ttl=_setting("GATEWAY_QUEUE_SETTINGS_TTL", d.queue_settings_ttl),
+        block_wait=_setting("GATEWAY_BLOCK_WAIT", d.block_wait),
+        token_cache_ttl=_setting("GATEWAY_TOKEN_CACHE_TTL", d.token_cache_ttl),
+        allowed_origins=tuple(_setting("GATEWAY_ALLOWED_ORIGINS", d.allowed_origins)),
         allowed_hosts=tuple(settings.ALLOWED_HOSTS),
         token_limits=RateLimits(
-            max_sockets=settings.GATEWAY_TOKEN_MAX_SOCKETS,
-            rate=settings.GATEWAY_TOKEN_RATE,
-            burst=settings.GATEWAY_TOKEN_BURST,
+            max_sockets=_setting("GATEWAY_TOKEN_MAX_SOCKETS", d.token_limits.max_sockets),
+            rate=_setting("GATEWAY_TOKEN_RATE", d.token_limits.rate),
+            burst=_setting("GATEWAY_TOKEN_BURST", d.token_limits.burst),
         ),
         default_queue=QueueSettings(
-            visibility_timeout=settings.GATEWAY_DEFAULT_VISIBILITY_TIMEOUT,
-            max_deliveries=settings.GATEWAY_DEFAULT_MAX_DELIVERIES,
-            dedup_window=settings.GATEWAY_DEFAULT_DEDUP_WINDOW,
+            visibility_timeout=_setting(
+                "GATEWAY_DEFAULT_VISIBILITY_TIMEOUT", queue.visibility_timeout
+            ),
+            max_deliveries=_setting("GATEWAY_DEFAULT_MAX_DELIVERIES", queue.max_deliveries),
+            dedup_window=_setting("GATEWAY_DEFAULT_DEDUP_WINDOW", queue.dedup_window),
         ),
+        serve_static=_setting("GATEWAY_SERVE_STATIC", d.serve_static),
+        task_result_retention=_setting("GATEWAY_TASK_RESULT_RETENTION", d.task_result_retention),
     )

@@ -22,7 +22,7 @@ from django.db import connections
 from gateway.committer import Callback, Committer
 from gateway.conf import gateway_settings
 from gateway.errors import Backpressure, ProtocolError, QueueFull
-from gateway.notify import start_listener
+from gateway.notify import start_listener, start_local_listener
 from gateway.pump import QueuePump, WorkerSink
 from gateway.store import (
     POSTGRESQL,
@@ -110,6 +110,7 @@ class Engine:
         self.started_at = time.time()
         self.process = PROCESS_NAME
         self.listener: Any = None
+        self.local_listener: Any = None
 
     def describe(self) -> dict[str, Any]:
         """This process's figures for ``/api/stats``."""
@@ -279,4 +280,8 @@ def get_engine(make_store: Callable[[], Store] = _django_store) -> Engine:
         holder.append(engine)
         if connections["default"].vendor == "postgresql":
             engine.listener = start_listener(engine.wake_all, PROCESS_NAME, loop)
+        else:
+            # Enqueues committed by other processes on this SQLite file
+            # (gateway.producer, admin actions) arrive as datagrams.
+            engine.local_listener = loop.create_task(start_local_listener(engine.wake_all))
     return engine

@@ -220,3 +220,47 @@ class Transaction(models.Model):
 
     class Meta:
         db_table = "leasecast_transaction"
+
+
+class TaskRecord(models.Model):
+    """A ``django.tasks`` task enqueued through :class:`gateway.tasks.LeasecastBackend`.
+
+    The task itself travels as a queue message (``message_id``); this row is
+    its result. It is written in the enqueuer's transaction, and its outcome
+    in the worker's ack (or nack) transaction, so a result never disagrees
+    with the queue. While the message waits or is leased the stored status
+    stays READY; :meth:`gateway.tasks.LeasecastBackend.get_result` reports
+    RUNNING for a task whose message is in flight.
+    """
+
+    id = models.CharField(max_length=64, primary_key=True)
+    backend = models.CharField(max_length=100)
+    task_path = models.CharField(max_length=400, help_text="Module path of the task function.")
+    queue = models.CharField(max_length=200)
+    priority = models.SmallIntegerField(default=0)
+    args = models.JSONField(default=list)
+    kwargs = models.JSONField(default=dict)
+    status = models.CharField(
+        max_length=12,
+        default="READY",
+        choices=[(s, s.lower()) for s in ("READY", "RUNNING", "FAILED", "SUCCESSFUL")],
+    )
+    message_id = models.BigIntegerField(null=True, blank=True)
+    enqueued_at = models.FloatField(default=_now)
+    run_after = models.FloatField(null=True, blank=True)
+    started_at = models.FloatField(null=True, blank=True)
+    finished_at = models.FloatField(null=True, blank=True)
+    last_attempted_at = models.FloatField(null=True, blank=True)
+    return_value = models.JSONField(null=True, blank=True)
+    errors = models.JSONField(default=list, help_text="Every failed attempt's error.")
+    worker_ids = models.JSONField(default=list, help_text="The worker of every attempt.")
+
+    class Meta:
+        db_table = "leasecast_task"
+        indexes = [
+            models.Index(fields=["message_id"], name="lc_task_message"),
+            models.Index(fields=["finished_at"], name="lc_task_finished"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_path} {self.id}"

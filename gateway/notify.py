@@ -1,4 +1,4 @@
-"""Cross-process wake-ups on PostgreSQL: ``LISTEN`` for the other gateways' commits.
+"""Cross-process wake-ups: ``LISTEN`` on PostgreSQL, datagrams beside a SQLite file.
 
 Every batch that may make messages visible ends, on PostgreSQL, with a
 ``pg_notify('leasecast_wake', 'PROCESS QUEUE')`` inside its transaction, so the
@@ -9,22 +9,33 @@ waiting on one process is fed by an enqueue on another without polling.
 
 After the listening connection breaks, notifications may have been missed, so
 every pump is woken once the connection is back.
+
+On SQLite there is no ``NOTIFY``. A process that commits messages outside
+the gateway (the transactional enqueue API of ``gateway.producer``, an
+admin action in another process) announces the queues with one datagram to
+each gateway process using the same database file: each binds a Unix
+datagram socket in a directory beside the file (``<db>.wake/<pid>.sock``).
+A socket whose process is gone is removed by the first sender that finds it
+dead.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from django.db import connections
 
 from gateway.store import NOTIFY_CHANNEL
 
-__all__ = ["Listener", "start_listener"]
+__all__ = ["Listener", "announce_local", "start_listener", "start_local_listener", "wake_dir"]
 
 log = logging.getLogger("leasecast.notify")
 
@@ -106,3 +117,76 @@ def start_listener(
     listener = Listener(_connect, own_name, wake, loop)
     listener.start()
     return listener
+
+
+# -- SQLite: datagrams between processes on one machine ---------------------------
+
+
+def wake_dir() -> Path | None:
+    """Where gateway processes sharing this SQLite file listen, or None (not SQLite)."""
+    db = connections["default"]
+    name = str(db.settings_dict.get("NAME") or "")
+    if db.vendor != "sqlite" or not name or name == ":memory:" or name.startswith("file:"):
+        return None
+    path = Path(name)
+    return path.with_name(path.name + ".wake")
+
+
+class _Datagrams(asyncio.DatagramProtocol):
+    def __init__(self, wake: Callable[[Iterable[str] | None], None]) -> None:
+        self._wake = wake
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        queues = {q for q in data.decode(errors="replace").split("\n") if q}
+        if queues:
+            self._wake(queues)
+
+
+async def start_local_listener(
+    wake: Callable[[Iterable[str] | None], None],
+) -> asyncio.DatagramTransport | None:
+    """Listen for :func:`announce_local` datagrams (SQLite only); None if it cannot."""
+    directory = wake_dir()
+    if directory is None:
+        return None
+    path = directory / f"{os.getpid()}.sock"
+    if len(str(path)) > 100:  # sun_path holds 108 bytes
+        log.warning("no cross-process wake-ups: the path %s is too long for a socket", path)
+        return None
+    try:
+        directory.mkdir(exist_ok=True)
+        path.unlink(missing_ok=True)  # a previous process with our pid
+        transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+            lambda: _Datagrams(wake), local_addr=str(path), family=socket.AF_UNIX
+        )
+    except OSError as exc:
+        log.warning("no cross-process wake-ups (%s)", exc)
+        return None
+    return transport
+
+
+def announce_local(queues: Iterable[str]) -> int:
+    """Wake the pumps of ``queues`` in every gateway process on this SQLite file.
+
+    Returns how many processes were told. Never raises: a wake-up that cannot
+    be sent only delays delivery until the next one.
+    """
+    directory = wake_dir()
+    payload = "\n".join(sorted(set(queues))).encode()
+    if directory is None or not payload or not directory.is_dir():
+        return 0
+    own = f"{os.getpid()}.sock"
+    told = 0
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+        sender.setblocking(False)
+        for peer in directory.glob("*.sock"):
+            if peer.name == own:
+                continue
+            try:
+                sender.sendto(payload, str(peer))
+                told += 1
+            except (ConnectionRefusedError, FileNotFoundError):
+                peer.unlink(missing_ok=True)  # its process is gone
+            except OSError:
+                pass  # a full buffer: that process has wake-ups pending anyway
+    return told

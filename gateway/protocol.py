@@ -47,6 +47,7 @@ __all__ = [
     "PublishFrame",
     "Ref",
     "RejectFrame",
+    "TaskOutcome",
     "check_name",
     "decode_object",
     "encode",
@@ -110,23 +111,50 @@ class EnqueueFrame:
     op: Literal["enqueue"] = "enqueue"
 
 
+#: The states a task outcome can record (``django.tasks`` result statuses).
+TaskStatus: TypeAlias = Literal["SUCCESSFUL", "FAILED", "READY"]
+_TASK_STATUSES: tuple[TaskStatus, ...] = ("SUCCESSFUL", "FAILED", "READY")
+#: Longest task id and traceback kept.
+MAX_TASK_ID = 64
+MAX_TRACEBACK = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class TaskOutcome:
+    """Extension: a task's outcome, recorded in the transaction of the ack or
+    nack that ends its message's lease (``gateway.tasks``, docs/protocol.md).
+
+    ``status`` READY means "failed, will be retried" (with a nack).
+    """
+
+    task_id: str
+    status: TaskStatus
+    worker_id: str
+    started_at: float
+    return_json: bytes | None = None
+    #: (exception class path, traceback) of a failed attempt
+    error: tuple[str, str] | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class AckFrame:
-    """``{"op": "ack", "receipt", "enqueue"?: [ENQUEUE, ...]}``."""
+    """``{"op": "ack", "receipt", "enqueue"?: [ENQUEUE, ...], "task"?: OUTCOME}``."""
 
     receipt: str
     follow_ups: tuple[tuple[str | None, EnqueueSpec], ...] = ()
     ref: Ref = None
+    task: TaskOutcome | None = None
     op: Literal["ack"] = "ack"
 
 
 @dataclass(frozen=True, slots=True)
 class NackFrame:
-    """``{"op": "nack", "receipt", "delay"?}``."""
+    """``{"op": "nack", "receipt", "delay"?, "task"?: OUTCOME}``."""
 
     receipt: str
     delay: float = 0.0
     ref: Ref = None
+    task: TaskOutcome | None = None
     op: Literal["nack"] = "nack"
 
 
@@ -404,13 +432,20 @@ def parse_frame(obj: dict[str, Any], allowed: frozenset[str], limits: Limits) ->
     if op == "enqueue":
         return EnqueueFrame(_read_queue(obj), parse_enqueue_spec(obj, limits), ref)
     if op == "ack":
-        return AckFrame(_read_str(obj, "receipt"), _read_follow_ups(obj, limits), ref)
+        return AckFrame(
+            _read_str(obj, "receipt"),
+            _read_follow_ups(obj, limits),
+            ref,
+            _read_task_outcome(obj, limits),
+        )
     if op == "enqueue_many":
         return EnqueueManyFrame(_read_queue(obj), _read_messages(obj, limits), ref)
     if op == "ack_many":
         return AckManyFrame(_read_receipts(obj), ref)
     if op == "nack":
-        return NackFrame(_read_str(obj, "receipt"), _read_delay(obj), ref)
+        return NackFrame(
+            _read_str(obj, "receipt"), _read_delay(obj), ref, _read_task_outcome(obj, limits)
+        )
     if op == "reject":
         return RejectFrame(_read_str(obj, "receipt"), ref)
     if op == "extend":
@@ -430,6 +465,38 @@ def parse_frame(obj: dict[str, Any], allowed: frozenset[str], limits: Limits) ->
             raise Invalid("credit n must be 0..1000000000")
         return CreditFrame(n, ref)
     raise UnknownOp(f"op {op[:40]!r} is not known on this socket")
+
+
+def _read_task_outcome(obj: dict[str, Any], limits: Limits) -> TaskOutcome | None:
+    """The optional ``task`` object of an ack or nack (extension, ``gateway.tasks``)."""
+    task = obj.get("task")
+    if task is None:
+        return None
+    if not isinstance(task, dict):
+        raise BadFrame("field 'task' must be an object")
+    task_id = _read_str(task, "id")
+    if not 1 <= len(task_id) <= MAX_TASK_ID or "\x00" in task_id:
+        raise Invalid(f"task id must be 1-{MAX_TASK_ID} characters")
+    status = _read_str(task, "status")
+    checked = next((s for s in _TASK_STATUSES if s == status), None)
+    if checked is None:
+        raise Invalid(f"task status must be one of {', '.join(_TASK_STATUSES)}")
+    worker_id = _read_str(task, "worker_id")[:MAX_TASK_ID]
+    started_at = read_number(task, "started_at")
+    return_json = (
+        _read_body({"body": task["return_value"]}, limits) if "return_value" in task else None
+    )
+    error: tuple[str, str] | None = None
+    if task.get("error") is not None:
+        raw = task["error"]
+        if not isinstance(raw, dict):
+            raise BadFrame("field 'task.error' must be an object")
+        path = _read_str(raw, "exception_class_path")[:400]
+        traceback = _read_str(raw, "traceback")
+        if len(traceback) > MAX_TRACEBACK:  # the end of a traceback says the most
+            traceback = "...\n" + traceback[-MAX_TRACEBACK:]
+        error = (path, traceback.replace("\x00", ""))
+    return TaskOutcome(task_id, checked, worker_id, started_at, return_json, error)
 
 
 def _read_messages(obj: dict[str, Any], limits: Limits) -> tuple[EnqueueSpec, ...]:
