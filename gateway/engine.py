@@ -191,9 +191,22 @@ class Engine:
             self.room_made(queue)
 
     async def call(self, op: Returns[T]) -> T:
-        """Submit ``op`` and wait for its result (raises its ProtocolError)."""
-        result: T = await self.committer.call(op)  # type: ignore[arg-type]
-        return result
+        """:meth:`submit` ``op`` and wait for its result (raises its ProtocolError).
+
+        Through :meth:`submit`, so an HTTP enqueue into a full ``block`` queue
+        waits for room as a socket's does, and is counted the same way.
+        """
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+
+        def resolve(result: Result) -> None:
+            if not future.done():
+                future.set_result(result)
+
+        self.submit(op, resolve)  # type: ignore[arg-type]
+        result = await future
+        if isinstance(result, ProtocolError):
+            raise result
+        return result  # type: ignore[return-value]
 
     # -- pumps
 

@@ -245,12 +245,6 @@ async def test_block_is_accepted_when_room_is_made_by_delete_or_purge(
     assert [m["body"] for m in await browse_all(gateway, admin_token, q)] == ["blocked"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server bug: HTTP enqueue and transaction commit into a full 'block' queue are "
-    "answered 429 backpressure at once instead of waiting GATEWAY_BLOCK_WAIT for room "
-    "(consumers/http.py uses engine.call, which skips the engine's block wait)",
-)
 @pytest.mark.parametrize("path", ["http", "transaction"])
 async def test_block_over_http_waits_for_room_and_is_accepted_when_a_worker_drains(
     gateway: GatewayProcess, admin_token: str, path: str
