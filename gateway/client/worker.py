@@ -64,7 +64,9 @@ class Delivery:
             )
         return await self._link.request(frame)
 
-    async def ack(self, enqueue: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    async def ack(
+        self, enqueue: list[dict[str, Any]] | None = None, *, task: dict[str, Any] | None = None
+    ) -> list[dict[str, Any]]:
         """Delete the message, and enqueue follow-ups in the same transaction.
 
         Args:
@@ -72,6 +74,10 @@ class Delivery:
                 "priority"?, "ttl"?}`` to enqueue atomically with the ack (``queue``
                 defaults to this one; the fields mean what they mean for
                 :meth:`Worker.enqueue`).
+            task: extension for task workers: the outcome of the task this
+                message carries, ``{"id", "status", "worker_id", "started_at",
+                "return_value"?, "error"?}``, recorded in the ack's transaction
+                (docs/protocol.md, Task outcomes).
 
         Returns:
             The follow-ups' ``{"id", "duplicate"}``, in order (empty without ``enqueue``).
@@ -86,21 +92,28 @@ class Delivery:
         frame: dict[str, Any] = {"op": "ack", "receipt": self.receipt}
         if enqueue:
             frame["enqueue"] = enqueue
+        if task is not None:
+            frame["task"] = task
         reply = await self._request(frame)
         return list(reply.get("enqueued", []))
 
-    async def nack(self, delay: float = 0.0) -> None:
+    async def nack(self, delay: float = 0.0, *, task: dict[str, Any] | None = None) -> None:
         """Release the message; it is visible again after ``delay`` seconds.
 
         Args:
             delay: seconds before the message is visible again (>= 0).
+            task: extension for task workers: a failed attempt's outcome (status
+                READY, with its ``error``), recorded in the nack's transaction.
 
         Raises:
             StaleReceipt: the lease had ended.
             Invalid: ``delay`` is out of range.
             ConnectionClosed: the socket dropped before the reply.
         """
-        await self._request({"op": "nack", "receipt": self.receipt, "delay": delay})
+        frame: dict[str, Any] = {"op": "nack", "receipt": self.receipt, "delay": delay}
+        if task is not None:
+            frame["task"] = task
+        await self._request(frame)
 
     async def reject(self) -> None:
         """Dead-letter the message now.
