@@ -163,7 +163,7 @@ class WorkerSocket(GatewaySocket):
             case AckManyFrame():
                 self._ack_many(frame)
             case NackFrame():
-                self._end(frame, Nack(self.queue, frame.receipt, frame.delay), "nacked")
+                self._end(frame, Nack(self.queue, frame.receipt, frame.delay, frame.task), "nacked")
             case RejectFrame():
                 self._end(frame, Reject(frame.receipt), "rejected")
             case ExtendFrame():
@@ -206,7 +206,7 @@ class WorkerSocket(GatewaySocket):
                 self.engine.count(self.queue, "acked")
             self.reply(result, ref, _acked_reply if not follow_ups else _acked_with_follow_ups)
 
-        self.engine.submit(Ack(frame.receipt, tuple(follow_ups)), landed)
+        self.engine.submit(Ack(frame.receipt, tuple(follow_ups), frame.task), landed)
 
     def _ack_many(self, frame: AckManyFrame) -> None:
         """Extension: ack many receipts in one frame; the reply lists those not acked."""

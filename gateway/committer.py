@@ -43,6 +43,7 @@ class Committer:
         max_backlog: waiting operations past which new enqueues are refused.
         on_wake: called on the event loop with the queues a committed batch
             may have made messages visible in, before the batch's callbacks.
+        result_retention: seconds a finished task result is kept.
     """
 
     def __init__(
@@ -52,8 +53,10 @@ class Committer:
         batch_max_ops: int = 4000,
         max_backlog: int = 100_000,
         on_wake: Callable[[set[str]], None] | None = None,
+        result_retention: float = 7 * 24 * 3600.0,
     ) -> None:
         self._max_backlog = max_backlog
+        self._result_retention = result_retention
         self.refused = 0
         self._make_store = make_store
         self._on_wake = on_wake
@@ -138,6 +141,7 @@ class Committer:
             try:
                 self._store.forget_expired_keys()
                 self._store.forget_stale_staging(STAGING_TTL, TXN_MEMORY)
+                self._store.forget_old_results(self._result_retention)
             except Exception as exc:  # housekeeping must never fail the hot path
                 log.warning("housekeeping failed: %s", exc)
         return results, woken

@@ -288,6 +288,7 @@ def get_engine(make_store: Callable[[], Store] = _django_store) -> Engine:
             batch_max_ops=gateway_settings().batch_max_ops,
             max_backlog=gateway_settings().max_backlog,
             on_wake=lambda queues: holder[0].wake_all(queues),
+            result_retention=gateway_settings().task_result_retention,
         )
         engine = _engines[loop] = Engine(committer, block_wait=gateway_settings().block_wait)
         holder.append(engine)

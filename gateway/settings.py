@@ -250,6 +250,10 @@ GATEWAY_SERVE_STATIC = _env_bool("GATEWAY_SERVE_STATIC", True)
 GATEWAY_BLOCK_WAIT = float(os.environ.get("GATEWAY_BLOCK_WAIT", 10.0))
 # A topic with no subscriber on a process and no publish for this long is forgotten there.
 GATEWAY_TOPIC_IDLE = float(os.environ.get("GATEWAY_TOPIC_IDLE", 300.0))
+# Seconds a finished django.tasks result is kept (gateway.tasks), default 7 days.
+GATEWAY_TASK_RESULT_RETENTION = float(
+    os.environ.get("GATEWAY_TASK_RESULT_RETENTION", 7 * 24 * 3600.0)
+)
 
 # -- access control (docs/operations.md, Security) -----------------------------
 

@@ -35,6 +35,8 @@ class Dialect:
     name = "abstract"
     begin = "BEGIN"
     placeholder = "%s"
+    #: a JSON value passed as text, for a JSON column (``TaskRecord``)
+    json_param = "%s"
 
     def sql(self, text: str) -> str:
         """Adapt ``%s`` placeholders to the driver's style."""
@@ -124,6 +126,7 @@ class _Postgres(Dialect):
     """PostgreSQL: several gateway processes lease from one database at once."""
 
     name = "postgresql"
+    json_param = "CAST(%s AS jsonb)"
 
     _LEASE = """
         WITH ready AS (

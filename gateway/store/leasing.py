@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from gateway.errors import StaleReceipt
 from gateway.leases import DeadReason, format_receipt, lease_outcome, parse_receipt, release_state
+from gateway.store import tasks
 from gateway.store.ops import (
     Ack,
     AckResult,
@@ -170,10 +171,10 @@ def ack(txn: Txn, op: Ack) -> AckResult:
     from gateway.store.enqueue import enqueue
 
     if not op.follow_ups:
-        return _ack_one(txn, op.receipt)
+        return _ack_one(txn, op)
     # A follow-up refused by a bounded queue must take the ack back with it.
     with txn.savepoint():
-        _ack_one(txn, op.receipt)
+        _ack_one(txn, op)
         by_queue: dict[str, list[int]] = {}
         for index, (queue, _) in enumerate(op.follow_ups):
             by_queue.setdefault(queue, []).append(index)
@@ -185,8 +186,8 @@ def ack(txn: Txn, op: Ack) -> AckResult:
     return AckResult([s for s in slots if s is not None])
 
 
-def _ack_one(txn: Txn, receipt: str) -> AckResult:
-    msg_id, token = _parse(receipt)
+def _ack_one(txn: Txn, op: Ack) -> AckResult:
+    msg_id, token = _parse(op.receipt)
     row = txn.exec(
         f'DELETE FROM leasecast_message WHERE id = %s AND {_CURRENT} RETURNING queue_id, "group"',
         (msg_id, token, txn.now, txn.now),
@@ -194,6 +195,8 @@ def _ack_one(txn: Txn, receipt: str) -> AckResult:
     if row is None:
         raise StaleReceipt(_STALE)
     txn.unsettle(row[0], row[1])
+    if op.task is not None:
+        tasks.record(txn, msg_id, op.task)
     return AckResult([])
 
 
@@ -232,6 +235,8 @@ def nack(txn: Txn, op: Nack) -> None:
         "state = %s, visible_at = %s, lease_token = NULL",
         (state, txn.now + op.delay),
     )
+    if op.task is not None:
+        tasks.record(txn, _parse(op.receipt)[0], op.task)
     txn.woken.add(op.queue)
 
 

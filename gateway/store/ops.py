@@ -15,7 +15,7 @@ from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
 from gateway.errors import ProtocolError
 from gateway.leases import QueueSettings
-from gateway.protocol import EnqueueSpec
+from gateway.protocol import EnqueueSpec, TaskOutcome
 
 __all__ = [
     "AbortTxn",
@@ -210,19 +210,27 @@ class Lease(Returns[LeaseResult]):
 
 @dataclass(frozen=True, slots=True)
 class Ack(Returns[AckResult]):
-    """Delete a leased message, and enqueue ``follow_ups`` in the same transaction."""
+    """Delete a leased message, and enqueue ``follow_ups`` in the same transaction.
+
+    ``task``: the outcome of the task the message carries, recorded with it.
+    """
 
     receipt: str
     follow_ups: Sequence[tuple[str, EnqueueSpec]] = ()
+    task: TaskOutcome | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Nack(Returns[None]):
-    """Release a leased message of ``queue``, visible again after ``delay`` seconds."""
+    """Release a leased message of ``queue``, visible again after ``delay`` seconds.
+
+    ``task``: a failed attempt's outcome (status READY), recorded with it.
+    """
 
     queue: str
     receipt: str
     delay: float = 0.0
+    task: TaskOutcome | None = None
 
 
 @dataclass(frozen=True, slots=True)

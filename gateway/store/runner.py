@@ -23,7 +23,7 @@ from typing import Any, assert_never
 from gateway.errors import ProtocolError, Unavailable
 from gateway.leases import DEFAULT_QUEUE_SETTINGS, Clock, QueueSettings
 from gateway.store import enqueue as enqueueing
-from gateway.store import leasing, operator, staging
+from gateway.store import leasing, operator, staging, tasks
 from gateway.store.dialects import POSTGRESQL, Dialect
 from gateway.store.groups import settle
 from gateway.store.ops import (
@@ -198,6 +198,11 @@ class Store:
         finished transactions older than ``remembered_for``."""
         return staging.forget_stale_staging(self.transaction, staged_for, remembered_for)
 
+    def forget_old_results(self, older_than: float) -> int:
+        """Delete task results finished more than ``older_than`` seconds ago."""
+        with self.transaction() as txn:
+            return tasks.forget_results(txn, older_than)
+
     def forget_expired_keys(self) -> int:
         """Delete idempotency keys past their window (run now and then, off the hot path)."""
         with self.transaction() as txn:
@@ -259,4 +264,4 @@ def _apply_one(txn: Txn, op: Op) -> Result:
 
 
 def _is_plain_ack(op: Op) -> bool:
-    return isinstance(op, Ack) and not op.follow_ups
+    return isinstance(op, Ack) and not op.follow_ups and op.task is None
