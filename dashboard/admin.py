@@ -13,12 +13,12 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from dashboard import operations
 from gateway.errors import Invalid, ProtocolError
 from gateway.leases import DEFAULT_QUEUE_SETTINGS, StoredState, observed_state
-from gateway.models import Message, Queue, Token, hash_token
+from gateway.models import Message, Queue, TaskRecord, Token, hash_token
 from gateway.scopes import parse_scope
 
 
@@ -246,3 +246,54 @@ class TokenAdmin(admin.ModelAdmin[Token]):
         self.message_user(
             request, "Revoked. Gateways stop accepting them within GATEWAY_TOKEN_CACHE_TTL."
         )
+
+
+@admin.register(TaskRecord)
+class TaskRecordAdmin(admin.ModelAdmin[TaskRecord]):
+    """django.tasks results (gateway.tasks): what ran, how it ended, every error."""
+
+    list_display = ("id", "task_path", "queue", "status", "attempts", "priority", "finished")
+    list_filter = ("status", "queue")
+    search_fields = ("=id", "task_path")
+    readonly_fields = (
+        "id",
+        "backend",
+        "task_path",
+        "queue",
+        "priority",
+        "status",
+        "message_id",
+        "args",
+        "kwargs",
+        "return_value",
+        "pretty_errors",
+        "worker_ids",
+        "enqueued_at",
+        "run_after",
+        "started_at",
+        "last_attempted_at",
+        "finished_at",
+    )
+    exclude = ("errors",)
+
+    @admin.display(description="attempts")
+    def attempts(self, record: TaskRecord) -> int:
+        return len(record.worker_ids)
+
+    @admin.display(description="finished")
+    def finished(self, record: TaskRecord) -> str:
+        if record.finished_at is None:
+            return "-"
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.finished_at))
+
+    @admin.display(description="errors")
+    def pretty_errors(self, record: TaskRecord) -> str:
+        # Tracebacks come from task code: escaped, never markup.
+        return format_html_join(
+            "",
+            "<p><b>{}</b></p><pre style='white-space: pre-wrap'>{}</pre>",
+            ((e.get("exception_class_path", ""), e.get("traceback", "")) for e in record.errors),
+        )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # tasks come from django.tasks enqueues
