@@ -1,0 +1,363 @@
+"""``manage.py leasecast_worker`` as real processes, against a real gateway and database.
+
+Three kinds of process share one database: the gateway (``gateway.settings``),
+the driver (``tests.tasksite.driver``: enqueues through ``LeasecastBackend``
+and reads results with ``get_result``, as a web process would) and workers
+(``tests.tasksite.settings``). A worker gets a token with ``consume`` scope
+only, and a ``DATABASE_URL`` that leads nowhere: it must run on the gateway
+alone. ``TASKSITE_WORKER`` makes ``tests.tasksite.unimportable`` fail to
+import in workers only.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.databases import ROOT
+from tests.integration.harness import GatewayProcess, http, unique
+
+TASKS = "tests.tasksite.tasks"
+FINISHED = ("SUCCESSFUL", "FAILED")
+
+
+def eventually(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+    """Poll ``check`` until it returns something true; fail naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+class Driver:
+    """The enqueuing side: ``python -m tests.tasksite.driver``, one JSON line per request."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.tasksite.driver"],
+            cwd=ROOT,
+            env={**env, "DJANGO_SETTINGS_MODULE": "tests.tasksite.settings"},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def call(self, **request: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line, "the driver exited"
+        reply: dict[str, Any] = json.loads(line)
+        assert "error" not in reply, reply["error"]
+        return reply
+
+    def enqueue(self, task: str, queue: str, *args: Any, priority: int = 0, **kwargs: Any) -> str:
+        path = task if "." in task else f"{TASKS}.{task}"
+        reply = self.call(
+            op="enqueue", task=path, queue=queue, priority=priority, args=args, kwargs=kwargs
+        )
+        return str(reply["id"])
+
+    def result(self, result_id: str) -> dict[str, Any]:
+        return self.call(op="result", id=result_id)
+
+    def finished(self, *ids: str, timeout: float = 60.0) -> list[dict[str, Any]]:
+        """The results of ``ids`` once every one is SUCCESSFUL or FAILED."""
+
+        def done() -> list[dict[str, Any]] | None:
+            results = [self.result(i) for i in ids]
+            return results if all(r["status"] in FINISHED for r in results) else None
+
+        found: list[dict[str, Any]] = eventually(done, f"results of {ids}", timeout)
+        return found
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(10)
+
+
+class WorkerProcess:
+    """``manage.py leasecast_worker`` with its output in a log file."""
+
+    def __init__(self, env: dict[str, str], log_path: Path, args: list[str]) -> None:
+        self.log_path = log_path
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(ROOT / "manage.py"), "leasecast_worker", *args],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_log(self, text: str, timeout: float = 30.0) -> None:
+        def seen() -> bool:
+            if self.proc.poll() is not None and text not in self.log_text():
+                raise AssertionError(f"the worker exited:\n{self.log_text()[-3000:]}")
+            return text in self.log_text()
+
+        eventually(seen, f"{text!r} in the worker's log", timeout)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+class Site:
+    """The gateway, its tokens, the driver, and a factory of worker processes."""
+
+    def __init__(self, gateway: GatewayProcess, admin: str, env: dict[str, str]) -> None:
+        self.gateway = gateway
+        self.admin = admin
+        self.driver = Driver(env)
+        consume = gateway.issue_token("consume:tw*", name="task-worker")
+        self.worker_env = {
+            k: v for k, v in env.items() if k not in ("GATEWAY_SQLITE_PATH", "DATABASE_URL")
+        }
+        self.worker_env.update(
+            DJANGO_SETTINGS_MODULE="tests.tasksite.settings",
+            LEASECAST_URL=gateway.http,
+            LEASECAST_TOKEN=consume,
+            TASKSITE_WORKER="1",
+            # Nothing listens there: a worker that touched the database would fail.
+            DATABASE_URL="postgresql://nobody@127.0.0.1:9/nowhere",
+        )
+        self.workers: list[WorkerProcess] = []
+
+    def worker(self, *queues: str, concurrency: int = 1, grace: float = 30.0) -> WorkerProcess:
+        name = f"worker-{queues[0]}-{len(self.workers)}.log"
+        args = [arg for queue in queues for arg in ("--queue", queue)]
+        process = WorkerProcess(
+            self.worker_env,
+            self.gateway.var_dir / name,
+            [*args, "--concurrency", str(concurrency), "--grace", str(grace)],
+        )
+        self.workers.append(process)
+        return process
+
+    def queue(self, queue: str) -> dict[str, Any]:
+        status, doc = http("GET", f"{self.gateway.http}/api/queues/{queue}", self.admin)
+        assert status == 200, doc
+        result: dict[str, Any] = doc
+        return result
+
+    def configure(self, queue: str, **settings: Any) -> None:
+        url = f"{self.gateway.http}/api/queues/{queue}"
+        status, doc = http("PATCH", url, self.admin, settings)
+        assert status == 200, doc
+
+    def stop_workers(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+        self.workers.clear()
+
+
+@pytest.fixture(scope="module")
+def site(
+    database_env: tuple[dict[str, str], Path], gateway: GatewayProcess, admin_token: str
+) -> Iterator[Site]:
+    env, _ = database_env
+    s = Site(gateway, admin_token, env)
+    yield s
+    s.stop_workers()
+    s.driver.close()
+
+
+@pytest.fixture
+def tw(site: Site) -> Iterator[Site]:
+    """The site, with every worker a test started killed after it."""
+    yield site
+    site.stop_workers()
+
+
+def marks(path: Path) -> list[tuple[str, int]]:
+    """The ``NAME PID`` lines the tasks wrote."""
+    if not path.exists():
+        return []
+    return [(n, int(p)) for n, p in (line.split() for line in path.read_text().splitlines())]
+
+
+def test_tasks_run_once_and_their_outcomes_are_recorded(tw: Site, tmp_path: Path) -> None:
+    q, other = unique("tw"), unique("tw")
+    tw.configure(q, max_deliveries=3)
+    mark = str(tmp_path / "marks")
+    ids = {
+        "add": tw.driver.enqueue("add", q, 2, 3, mark=mark),
+        "other_queue": tw.driver.enqueue("add", other, 1, 1, mark=mark),
+        "async_add": tw.driver.enqueue("async_add", q, 4, 5, mark=mark),
+        "with_context": tw.driver.enqueue("with_context", q, mark=mark),
+        "not_json": tw.driver.enqueue("not_json", q),
+        "lost": tw.driver.enqueue("tests.tasksite.unimportable.lost", q),
+        "fail": tw.driver.enqueue("fail", q, mark=mark),
+    }
+    status, _ = http(
+        "POST", f"{tw.gateway.http}/api/queues/{q}/messages", tw.admin,
+        {"messages": [{"body": {"hello": "not a task"}}]},
+    )  # fmt: skip
+    assert status == 200
+    worker = tw.worker(q, other, concurrency=4)
+    results = dict(zip(ids, tw.driver.finished(*ids.values()), strict=True))
+
+    assert (results["add"]["status"], results["add"]["return_value"]) == ("SUCCESSFUL", 5)
+    assert results["add"]["attempts"] == 1
+    (worker_id,) = results["add"]["worker_ids"]
+    assert worker_id.endswith(f":{worker.pid}")
+    assert results["other_queue"]["return_value"] == 2
+    assert (results["async_add"]["status"], results["async_add"]["return_value"]) == (
+        "SUCCESSFUL",
+        9,
+    )
+    assert results["with_context"]["return_value"] == {"attempt": 1, "id": ids["with_context"]}
+
+    not_json = results["not_json"]
+    assert (not_json["status"], not_json["attempts"]) == ("FAILED", 1)
+    assert not_json["errors"][-1]["exception_class_path"] == "builtins.TypeError"
+    assert "not JSON" in not_json["errors"][-1]["traceback"]
+
+    lost = results["lost"]
+    assert (lost["status"], lost["attempts"], len(lost["errors"])) == ("FAILED", 1, 1)
+    assert lost["errors"][0]["exception_class_path"] == "builtins.ImportError"
+    assert "not installed on this worker" in lost["errors"][0]["traceback"]
+
+    fail = results["fail"]
+    assert (fail["status"], fail["attempts"], len(fail["errors"])) == ("FAILED", 3, 3)
+    for error in fail["errors"]:
+        assert error["exception_class_path"] == "builtins.ValueError"
+        assert "tasksite/tasks.py" in error["traceback"]
+        assert error["traceback"].rstrip().endswith("ValueError: boom")
+
+    # Each task ran once, the failing one once per allowed delivery.
+    assert sorted(name for name, _ in marks(tmp_path / "marks")) == [
+        "add", "add", "async_add", "fail", "fail", "fail", "with_context",
+    ]  # fmt: skip
+    # The body that is not a task was dead-lettered; nothing else is left.
+    stats = eventually(lambda: (s := tw.queue(q))["dead"] == 1 and s, "the dead-lettered body")
+    assert (stats["visible"], stats["delayed"], stats["in_flight"]) == (0, 0, 0)
+    text = worker.log_text()
+    assert "is not a task" in text
+    assert text.count(f"{TASKS}.fail [{ids['fail']}] started") == 3
+    assert worker.proc.poll() is None  # none of it stopped the worker
+
+
+def test_priorities_are_respected(tw: Site, tmp_path: Path) -> None:
+    q = unique("tw")
+    mark = tmp_path / "marks"
+    ids = [
+        tw.driver.enqueue("record", q, "low", str(mark), priority=-5),
+        tw.driver.enqueue("record", q, "middle", str(mark)),
+        tw.driver.enqueue("record", q, "high", str(mark), priority=5),
+    ]
+    tw.worker(q, concurrency=1)
+    results = tw.driver.finished(*ids)
+    assert [r["return_value"] for r in results] == ["low", "middle", "high"]
+    assert [name for name, _ in marks(mark)] == ["high", "middle", "low"]
+
+
+def test_a_long_task_keeps_its_lease_and_a_killed_worker_s_task_runs_again(
+    tw: Site, tmp_path: Path
+) -> None:
+    q = unique("tw")
+    tw.configure(q, visibility_timeout=1)
+    mark, release = tmp_path / "marks", tmp_path / "release"
+    rid = tw.driver.enqueue("block", q, str(mark), str(release))
+    first = tw.worker(q)
+    eventually(lambda: marks(mark), "the task to start")
+    second = tw.worker(q)
+    second.wait_log(f"queue {q}: connected")
+    # Three visibility timeouts: without extensions the idle second worker
+    # would have been given the message.
+    time.sleep(3)
+    assert marks(mark) == [("start", first.pid)]
+    assert tw.queue(q)["in_flight"] == 1
+
+    first.proc.send_signal(signal.SIGKILL)
+    eventually(lambda: len(marks(mark)) == 2, "the task to start again")
+    assert marks(mark) == [("start", first.pid), ("start", second.pid)]
+    release.touch()
+    (result,) = tw.driver.finished(rid)
+    assert (result["status"], result["return_value"]) == ("SUCCESSFUL", "released")
+    assert result["worker_ids"][-1].endswith(f":{second.pid}")
+
+
+def test_sigterm_lets_the_running_task_finish_then_exits_0(tw: Site, tmp_path: Path) -> None:
+    q = unique("tw")
+    mark, release = tmp_path / "marks", tmp_path / "release"
+    running = tw.driver.enqueue("block", q, str(mark), str(release))
+    waiting = tw.driver.enqueue("record", q, "waiting", str(mark))
+    worker = tw.worker(q, concurrency=1)
+    eventually(lambda: marks(mark), "the task to start")
+    worker.proc.send_signal(signal.SIGTERM)
+    worker.wait_log("stopping: no new tasks")
+    release.touch()
+    assert worker.proc.wait(30) == 0, worker.log_text()[-3000:]
+
+    (result,) = tw.driver.finished(running)
+    assert (result["status"], result["return_value"]) == ("SUCCESSFUL", "released")
+    # The worker took nothing new; what it held went back to the queue.
+    assert [name for name, _ in marks(mark)] == ["start", "end"]
+    assert tw.driver.result(waiting)["status"] == "READY"
+    eventually(lambda: tw.queue(q)["visible"] == 1, "the waiting task to be visible again")
+
+
+def test_a_task_still_running_after_the_grace_is_released_and_the_worker_exits(
+    tw: Site, tmp_path: Path
+) -> None:
+    q = unique("tw")
+    mark, release = tmp_path / "marks", tmp_path / "release"
+    rid = tw.driver.enqueue("block", q, str(mark), str(release))
+    worker = tw.worker(q, concurrency=1, grace=0.5)
+    eventually(lambda: marks(mark), "the task to start")
+    worker.proc.send_signal(signal.SIGTERM)
+    # The task never finishes (nothing creates the release file): the worker
+    # must leave anyway, its thread abandoned, and the message be released.
+    assert worker.proc.wait(30) == 0, worker.log_text()[-3000:]
+    assert "did not finish within the grace" in worker.log_text()
+    eventually(lambda: tw.queue(q)["visible"] == 1, "the message to be released")
+    assert tw.driver.result(rid)["status"] == "READY"
+    assert [name for name, _ in marks(mark)] == ["start"]
+
+
+def test_a_gateway_restart_mid_task_loses_nothing_and_runs_it_once(
+    tw: Site, tmp_path: Path
+) -> None:
+    q = unique("tw")
+    tw.configure(q, visibility_timeout=2)
+    mark, release = tmp_path / "marks", tmp_path / "release"
+    rid = tw.driver.enqueue("block", q, str(mark), str(release))
+    worker = tw.worker(q, concurrency=2)
+    eventually(lambda: marks(mark), "the task to start")
+    tw.gateway.stop()
+    tw.gateway.start()
+    # The message comes back to the reconnected worker, which adopts the run
+    # still going rather than starting it twice.
+    worker.wait_log("delivered again while still running here")
+    release.touch()
+    (result,) = tw.driver.finished(rid)
+    assert (result["status"], result["return_value"]) == ("SUCCESSFUL", "released")
+    assert [name for name, _ in marks(mark)] == ["start", "end"]
+    after = tw.driver.enqueue("add", q, 1, 2)
+    (result,) = tw.driver.finished(after)
+    assert result["return_value"] == 3
+    assert worker.proc.poll() is None
