@@ -9,7 +9,14 @@ RUN_STAMP := $(VENV)/.installed-run
 SPARK_STAMP := $(VENV)/.installed-spark
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: run demo test lint typecheck unit integration bench install dev clean browser
+# Django 6 runs on Python 3.12+: the Django-facing tests run there too.
+PYTHON_DJANGO6 ?= python3.12
+VENV6 := .venv-django6
+DJANGO6_TESTS := tests/unit/test_store_tasks.py tests/unit/test_task_worker.py \
+	tests/integration/test_task_worker.py tests/integration/test_operations.py \
+	tests/integration/test_workqueue.py
+
+.PHONY: run demo test test-django6 lint typecheck unit integration bench install dev clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -70,13 +77,32 @@ browser:
 	    || echo "Could not install chromium: the browser tests will be skipped"; \
 	else echo "No chromium and not root: the browser tests will be skipped"; fi
 
-## Lint, type-check, then every test suite.
+## Lint, type-check, then every test suite on Django 5.2, then the Django-facing
+## tests on Django 6.
 test: lint typecheck browser
 	$(BIN)/pytest -q --durations=10
+	$(MAKE) --no-print-directory test-django6
+
+$(VENV6)/.installed: pyproject.toml
+	$(PYTHON_DJANGO6) -m venv $(VENV6)
+	$(VENV6)/bin/pip install --quiet --upgrade pip
+	$(VENV6)/bin/pip install --quiet -e '.[test]' 'django>=6.0,<6.1'
+	touch $@
+
+## The Django-facing and tasks tests on Django 6 (skipped, and said, without Python 3.12+:
+## $(PYTHON_DJANGO6) if it runs, else a pyenv-installed 3.12 or later).
+test-django6:
+	@py=$$(for p in $(PYTHON_DJANGO6) $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[2-9]*/bin/python3 2>/dev/null); do \
+	  $$p -c 'import sys; assert sys.version_info >= (3, 12)' >/dev/null 2>&1 && echo $$p && break; done); \
+	if [ -n "$$py" ]; then \
+	  $(MAKE) --no-print-directory $(VENV6)/.installed PYTHON_DJANGO6=$$py && \
+	  $(VENV6)/bin/python -c 'import django; print("Django", django.get_version())' && \
+	  $(VENV6)/bin/pytest -q -p no:cacheprovider $(DJANGO6_TESTS); \
+	else echo "Skipping the Django 6 tests: no Python 3.12 or later on this machine"; fi
 
 ## Benchmarks against their baselines; results go to docs/benchmarks.md by hand.
 bench: dev
 	$(BIN)/python -m bench.workqueue
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VENV6) var .pytest_cache .mypy_cache .ruff_cache
