@@ -122,9 +122,10 @@ def start_listener(
 # -- SQLite: datagrams between processes on one machine ---------------------------
 
 
-def wake_dir() -> Path | None:
-    """Where gateway processes sharing this SQLite file listen, or None (not SQLite)."""
-    db = connections["default"]
+def wake_dir(using: str = "default") -> Path | None:
+    """Where gateway processes on the SQLite file of Django database ``using`` listen,
+    or None (not SQLite, or in memory)."""
+    db = connections[using]
     name = str(db.settings_dict.get("NAME") or "")
     if db.vendor != "sqlite" or not name or name == ":memory:" or name.startswith("file:"):
         return None
@@ -165,13 +166,14 @@ async def start_local_listener(
     return transport
 
 
-def announce_local(queues: Iterable[str]) -> int:
-    """Wake the pumps of ``queues`` in every gateway process on this SQLite file.
+def announce_local(queues: Iterable[str], using: str = "default") -> int:
+    """Wake the pumps of ``queues`` in every gateway process on the SQLite file of
+    Django database ``using`` (the one the messages were committed to).
 
     Returns how many processes were told. Never raises: a wake-up that cannot
     be sent only delays delivery until the next one.
     """
-    directory = wake_dir()
+    directory = wake_dir(using)
     payload = "\n".join(sorted(set(queues))).encode()
     if directory is None or not payload or not directory.is_dir():
         return 0

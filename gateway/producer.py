@@ -36,9 +36,11 @@ import orjson
 from asgiref.sync import sync_to_async
 from django.apps import apps
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
 from gateway.errors import (
+    Forbidden,
     ProtocolError,
     QueueFull,
     Unauthorized,
@@ -85,6 +87,9 @@ def enqueue(
         Backpressure: a bounded queue is full (``block`` queues are waited
             for, up to ``GATEWAY_BLOCK_WAIT``, when not inside a transaction).
         Unavailable: the remote gateway could not be reached.
+        Unauthorized, Forbidden: the remote gateway refused ``LEASECAST_TOKEN``.
+        ImproperlyConfigured: remote, and ``LEASECAST_URL`` or
+            ``LEASECAST_TOKEN`` is not set.
     """
     message: dict[str, Any] = {"body": body, "delay": delay, "priority": priority}
     for name, value in (("key", key), ("group", group), ("ttl", ttl)):
@@ -149,16 +154,19 @@ def _setting(name: str) -> str | None:
 def _enqueue_remote(queue: str, specs: list[EnqueueSpec]) -> list[EnqueueResult]:
     url, token = _setting("LEASECAST_URL"), _setting("LEASECAST_TOKEN")
     if not url or not token:
-        raise Unauthorized(
-            "Leasecast is not in INSTALLED_APPS and LEASECAST_URL / LEASECAST_TOKEN are not set"
+        raise ImproperlyConfigured(
+            "Leasecast is not in INSTALLED_APPS, so gateway.enqueue sends to a gateway over "
+            "HTTP: set LEASECAST_URL and LEASECAST_TOKEN (Django settings or environment)"
         )
     items = []
+    automatic = []
     for spec in specs:
         item: dict[str, Any] = {
             "body": orjson.Fragment(spec.body_json),
             # A key makes the retries below safe: a second copy is a duplicate.
             "key": spec.key or f"lc-{uuid.uuid4().hex}",
         }
+        automatic.append(spec.key is None)
         if spec.delay:
             item["delay"] = spec.delay
         if spec.group is not None:
@@ -174,7 +182,17 @@ def _enqueue_remote(queue: str, specs: list[EnqueueSpec]) -> list[EnqueueResult]
     for attempt in range(REMOTE_ATTEMPTS):
         try:
             reply = _post(endpoint, token, request_body)
-            return [EnqueueResult(r["id"], r["duplicate"]) for r in reply["results"]]
+            return [
+                # A duplicate of a key this call made up is its own earlier
+                # attempt, whose reply was lost: to the caller, a new message.
+                EnqueueResult(r["id"], r["duplicate"] and not auto)
+                for r, auto in zip(reply["results"], automatic, strict=True)
+            ]
+        except (Unauthorized, Forbidden) as exc:
+            raise type(exc)(
+                f"the gateway at {url} refused LEASECAST_TOKEN for enqueue to {queue!r}: "
+                f"{exc.detail}"
+            ) from exc
         except (Unavailable, urllib.error.URLError, TimeoutError, ConnectionError) as exc:
             if attempt == REMOTE_ATTEMPTS - 1:
                 raise Unavailable(f"gateway at {url} unavailable: {exc}") from exc
@@ -197,7 +215,10 @@ def _post(endpoint: str, token: str, body: bytes) -> dict[str, Any]:
     except urllib.error.HTTPError as exc:
         try:
             detail = orjson.loads(exc.read())
-        except ValueError:
-            detail = {"error": "unavailable", "detail": f"HTTP {exc.code}"}
-        error: ProtocolError = error_for_code(detail.get("error", ""), detail.get("detail", ""))
+            code, text = str(detail["error"]), str(detail.get("detail", ""))
+        except (ValueError, KeyError, TypeError):
+            # Not the gateway's JSON: a proxy's error page, or not a gateway at all.
+            code = "unavailable" if exc.code >= 500 else "not_found" if exc.code == 404 else ""
+            text = f"HTTP {exc.code} from {endpoint}, not a Leasecast reply"
+        error = error_for_code(code, text) if code else ProtocolError(text)
         raise error from exc

@@ -23,6 +23,7 @@ lease, so a result and its message always agree.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import time
 import uuid
@@ -33,6 +34,7 @@ import orjson
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
+from gateway.leases import StoredState
 from gateway.protocol import NAME_RE, EnqueueSpec
 
 
@@ -86,6 +88,24 @@ def task_message(result_id: str, task: Any, args: Any, kwargs: Any) -> dict[str,
         "kwargs": kwargs,
         "takes_context": task.takes_context,
     }
+
+
+def _as_enqueued(task: Any, record: Any) -> Any:
+    """``task`` with the backend, queue and priority it was enqueued with.
+
+    Not ``task.using(...)``: that validates the task against its backend
+    again, and a result must be readable whatever the settings of the
+    process reading it (the enqueuing backend's ``QUEUES`` may not be
+    configured here, or may have changed since).
+    """
+    enqueued = copy.copy(task)
+    for name, value in (
+        ("backend", record.backend),
+        ("queue_name", record.queue),
+        ("priority", record.priority),
+    ):
+        object.__setattr__(enqueued, name, value)
+    return enqueued
 
 
 class LeasecastBackend(BaseTaskBackend):
@@ -196,14 +216,14 @@ class LeasecastBackend(BaseTaskBackend):
                 f"{result_id}: its task {record.task_path!r} cannot be imported here ({exc})"
             ) from exc
         if isinstance(task, Task):
-            task = task.using(priority=record.priority, queue_name=record.queue)
+            task = _as_enqueued(task, record)
         status = TaskResultStatus(record.status)
         errors = list(record.errors)
         if status == TaskResultStatus.READY:
             message = (
                 Message.objects.using(self.database)
                 .filter(pk=record.message_id or 0)
-                .values_list("state", "visible_at")
+                .values_list("state", "visible_at", "dead_reason")
                 .first()
             )
             if message is None:
@@ -215,7 +235,19 @@ class LeasecastBackend(BaseTaskBackend):
                         "traceback": "the task's message was deleted before it ran",
                     }
                 )
-            elif message[0] == 1 and message[1] > time.time():
+            elif message[0] == StoredState.DEAD:
+                # Dead-lettered without a worker's outcome (rejected by a
+                # client, pushed out of a bounded queue): it will not run
+                # unless an operator redrives it, which makes it READY again.
+                status = TaskResultStatus.FAILED
+                errors.append(
+                    {
+                        "exception_class_path": "gateway.errors.NotFound",
+                        "traceback": "the task's message was dead-lettered "
+                        f"({message[2] or 'no reason recorded'}) before it ran",
+                    }
+                )
+            elif message[0] == StoredState.LEASED and message[1] > time.time():
                 status = TaskResultStatus.RUNNING
         result = TaskResult(
             task=task,

@@ -57,13 +57,15 @@ def _announce(cursor: Any, vendor: str, using: str, queues: Iterable[str]) -> No
             # Signed "admin": every gateway's listener takes it (each skips
             # only its own store's notifications).
             cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, f"admin {name}"])
-    transaction.on_commit(lambda: _wake_after_commit(vendor, names), using=using)
+    transaction.on_commit(lambda: _wake_after_commit(vendor, names, using), using=using)
 
 
-def _wake_after_commit(vendor: str, names: list[str]) -> None:
+def _wake_after_commit(vendor: str, names: list[str], using: str) -> None:
     from gateway.engine import wake_from_thread
     from gateway.notify import announce_local
 
     wake_from_thread(names)  # this process's pumps, if it serves the gateway
     if vendor != "postgresql":
-        announce_local(names)
+        # The gateways of the file this transaction wrote to, which is not
+        # always the "default" database's.
+        announce_local(names, using)

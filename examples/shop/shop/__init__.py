@@ -1,0 +1,1 @@
+"""An ordinary Django project that installs Leasecast (see examples/shop/README.md)."""

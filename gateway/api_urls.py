@@ -1,0 +1,54 @@
+"""Leasecast's HTTP routes without the Django admin, for a project that has its own.
+
+A Django project that installs Leasecast includes them at its root (the
+protocol fixes the paths: clients call ``/api/queues/...``)::
+
+    urlpatterns = [
+        path("admin/", admin.site.urls),  # the project's own admin
+        path("", include("gateway.api_urls")),  # /healthz, /api/..., /dashboard/
+    ]
+
+``api_urlpatterns`` alone leaves out the dashboard (which needs the
+``dashboard`` app and ``django.contrib.admin``). The standalone service's
+``gateway.urls`` is these routes plus the admin.
+"""
+
+from __future__ import annotations
+
+from django.urls import URLPattern, path
+
+from consumers import http
+from dashboard import views as dashboard_views
+
+__all__ = ["api_urlpatterns", "dashboard_urlpatterns", "urlpatterns"]
+
+# django-stubs types path() for sync views only; the API views are async.
+api_urlpatterns: list[URLPattern] = [
+    path("healthz", http.healthz),
+    path("api/stats", http.stats),  # type: ignore[arg-type]
+    path("api/queues/<str:queue>", http.queue_detail),  # type: ignore[arg-type]
+    path("api/queues/<str:queue>/messages", http.queue_messages),  # type: ignore[arg-type]
+    path(
+        "api/queues/<str:queue>/messages/<str:msg_id>",
+        http.message_detail,  # type: ignore[arg-type]
+    ),
+    path(
+        "api/queues/<str:queue>/messages/<str:msg_id>/requeue",
+        http.message_requeue,  # type: ignore[arg-type]
+    ),
+    path("api/queues/<str:queue>/purge", http.queue_purge),  # type: ignore[arg-type]
+    path("api/queues/<str:queue>/redrive", http.queue_redrive),  # type: ignore[arg-type]
+    path("api/topics/<str:topic>/messages", http.topic_messages),  # type: ignore[arg-type]
+    path(
+        "api/transactions/<str:txn>/partitions/<int:partition>",
+        http.txn_partition,  # type: ignore[arg-type]
+    ),
+    path("api/transactions/<str:txn>/commit", http.txn_commit),  # type: ignore[arg-type]
+    path("api/transactions/<str:txn>/abort", http.txn_abort),  # type: ignore[arg-type]
+]
+
+dashboard_urlpatterns: list[URLPattern] = [
+    path("dashboard/", dashboard_views.index, name="dashboard"),
+]
+
+urlpatterns = [*api_urlpatterns, *dashboard_urlpatterns]
