@@ -90,11 +90,29 @@ class LeasecastTarget:
     async def socket(self, path: str) -> ClientConnection:
         return await connect(self.gateway.ws + path, additional_headers=self.headers, max_size=None)
 
-    async def produce(self, queue: str, n: int, *, batched: bool, paced: float = 0) -> float:
-        """Enqueue ``n`` timestamped bodies; returns the seconds until all were confirmed."""
+    async def produce(
+        self,
+        queue: str,
+        n: int,
+        *,
+        batched: bool,
+        paced: float = 0,
+        fields: Callable[[int], dict[str, Any]] | None = None,
+    ) -> float:
+        """Enqueue ``n`` timestamped bodies; returns the seconds until all were confirmed.
+
+        ``fields(i)``, if given, adds fields to the ``i``-th message (``group``,
+        ``priority``, ``ttl``: protocol 1.1) and its body carries ``i`` as ``"i"``.
+        """
         per_frame = 100 if batched else 1
         frames = (n + per_frame - 1) // per_frame
         window = asyncio.Semaphore(max(1, WINDOW // per_frame))
+
+        def message(i: int) -> dict[str, Any]:
+            if fields is None:
+                return {"body": {"t": time.time()}}
+            return {"body": {"t": time.time(), "i": i}, **fields(i)}
+
         start = time.perf_counter()
         async with await self.socket("/ws/produce/") as ws:
 
@@ -111,12 +129,13 @@ class LeasecastTarget:
                 if paced:
                     await asyncio.sleep(max(0.0, start + i / paced - time.perf_counter()))
                 if batched:
-                    count = min(per_frame, n - i * per_frame)
-                    messages = [{"body": {"t": time.time()}} for _ in range(count)]
+                    first = i * per_frame
+                    count = min(per_frame, n - first)
+                    messages = [message(k) for k in range(first, first + count)]
                     frame: dict[str, Any] = {"op": "enqueue_many", "queue": queue}
                     frame["messages"] = messages
                 else:
-                    frame = {"op": "enqueue", "queue": queue, "body": {"t": time.time()}}
+                    frame = {"op": "enqueue", "queue": queue, **message(i)}
                 await ws.send(orjson.dumps(frame).decode())
             await reader
         return time.perf_counter() - start
@@ -202,9 +221,15 @@ async def leasecast_figures(
 
 
 async def inflight_figures(
-    target: LeasecastTarget, held: int, samples: int = 200
+    target: LeasecastTarget,
+    held: int,
+    samples: int = 200,
+    fields: Callable[[int], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Lease and ack latency on an empty queue, then with ``held`` messages leased and unacked."""
+    """Lease and ack latency on an empty queue, then with ``held`` messages leased and unacked.
+
+    ``fields`` adds fields to the held messages (as for :meth:`LeasecastTarget.produce`).
+    """
     queue = f"inflight{int(time.time() * 1000)}"
 
     async def probe() -> tuple[list[float], list[float]]:
@@ -229,7 +254,7 @@ async def inflight_figures(
 
     empty_lease, empty_ack = await probe()
     # Fill: enqueue `held` messages and lease them all to 100 sockets that never ack.
-    await target.produce(queue, held, batched=True)
+    await target.produce(queue, held, batched=True, fields=fields)
     holders = []
     per_socket = min(1000, -(-held // 100))
     leased = 0
