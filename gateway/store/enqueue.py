@@ -22,9 +22,6 @@ __all__ = ["enqueue", "enqueue_plain", "is_plain_enqueue"]
 
 _INSERT_CHUNK = 500  # rows per INSERT statement: well under SQLite's variable limit
 
-#: Messages that count against ``max_length``: visible or delayed, not in flight.
-COUNTED = "(state IN (0, 3, 4) OR (state = 1 AND visible_at <= %s))"
-
 
 def enqueue(txn: Txn, queue: str, specs: Sequence[EnqueueSpec]) -> list[EnqueueResult]:
     """Enqueue ``specs`` to ``queue`` in order, all or nothing.
@@ -38,8 +35,9 @@ def enqueue(txn: Txn, queue: str, specs: Sequence[EnqueueSpec]) -> list[EnqueueR
         return _enqueue_into(txn, q, specs)
     with txn.savepoint():
         results = _enqueue_into(txn, q, specs)
-        if any(not r.duplicate for r in results):
-            _enforce_length(txn, q)
+        added = sum(1 for r in results if not r.duplicate)
+        if added:
+            _enforce_length(txn, q, added)
     return results
 
 
@@ -144,27 +142,64 @@ def _enqueue_keyed(txn: Txn, q: QueueRow, spec: EnqueueSpec) -> EnqueueResult:
     return EnqueueResult(str(msg_id), False)
 
 
-def _enforce_length(txn: Txn, q: QueueRow) -> None:
-    """After an insert into a bounded queue: apply its overflow policy if it is over."""
+def _enforce_length(txn: Txn, q: QueueRow, added: int) -> None:
+    """After ``added`` messages went into bounded queue ``q``: apply its overflow
+    policy if it is over ``max_length``.
+
+    Counted once per transaction and queue (three index range counts), then
+    kept up to date here, so a batch of enqueues does not count again each.
+    """
     expire(txn, q)  # expired messages no longer count
-    (count,) = txn.exec(
-        f"SELECT COUNT(*) FROM leasecast_message WHERE queue_id = %s AND {COUNTED}",
-        (q.id, txn.now),
-    ).fetchone()
+    count = txn.lengths.get(q.id)
+    if count is None:
+        (count,) = txn.exec(_COUNT, (q.id, q.id, txn.now, q.id)).fetchone()
+    else:
+        count += added
     excess = count - q.settings.max_length
     if excess <= 0:
+        txn.lengths[q.id] = count
         return
     if q.settings.overflow == "drop_oldest":
-        # "Oldest" is earliest enqueued, whatever the priority (protocol 1.1).
-        oldest = txn.exec(
-            f"SELECT id FROM leasecast_message WHERE queue_id = %s AND {COUNTED} "
-            "ORDER BY id LIMIT %s",
-            (q.id, txn.now, excess),
-        ).fetchall()
-        dead_letter_ids(txn, [row[0] for row in oldest], "overflow")
+        dead_letter_ids(txn, _oldest(txn, q, excess), "overflow")
+        txn.lengths[q.id] = count - excess
         return
     raise QueueFull(
         f"queue {q.name!r} holds its max_length of {q.settings.max_length} messages",
         queue=q.name,
         may_wait=q.settings.overflow == "block",
     )
+
+
+def _oldest(txn: Txn, q: QueueRow, n: int) -> list[int]:
+    """Take the ``n`` oldest counted messages of ``q`` (earliest enqueued, any priority)."""
+    known = txn.oldest.get(q.id, [])
+    if len(known) < n:
+        # Read ahead: the next enqueues of this batch will want the next ones.
+        # Messages inserted later are newer than all of these, so the list
+        # stays the oldest until something else forgets it.
+        known = [
+            row[0]
+            for row in txn.exec(
+                _OLDEST, (q.id, q.id, txn.now, q.id, max(n, _OLDEST_READ_AHEAD))
+            ).fetchall()
+        ]
+    txn.oldest[q.id] = known[n:]
+    return known[:n]
+
+
+#: Messages that count against ``max_length``: visible or delayed, not in
+#: flight. Each part is a range of one partial index (ready; timed; grouped).
+_COUNTED_PARTS = (
+    "SELECT {what} FROM leasecast_message WHERE queue_id = %s AND state = 0",
+    "SELECT {what} FROM leasecast_message WHERE queue_id = %s AND state IN (1, 3) "
+    "AND (state = 3 OR visible_at <= %s)",
+    'SELECT {what} FROM leasecast_message WHERE queue_id = %s AND "group" IS NOT NULL '
+    "AND state = 4",
+)
+_COUNT = "SELECT " + " + ".join(f"({p.format(what='COUNT(*)')})" for p in _COUNTED_PARTS)
+_OLDEST = (
+    "SELECT id FROM ("
+    + " UNION ALL ".join(p.format(what="id") for p in _COUNTED_PARTS)
+    + ") AS counted ORDER BY id LIMIT %s"
+)
+_OLDEST_READ_AHEAD = 256

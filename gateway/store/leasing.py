@@ -55,7 +55,13 @@ _EXPIRE = (
 
 
 def expire(txn: Txn, q: QueueRow) -> int:
-    """Dead-letter (reason ``expired``) every message of ``q`` whose ttl has run out."""
+    """Dead-letter (reason ``expired``) every message of ``q`` whose ttl has run out.
+
+    Once per transaction and queue: the transaction's clock does not move.
+    """
+    if q.id in txn.swept:
+        return 0
+    txn.swept.add(q.id)
     return _expire(txn, "queue_id = %s", [q.id])
 
 
@@ -70,6 +76,7 @@ def _expire(txn: Txn, where: str, params: list[object]) -> int:
     rows = txn.exec(_EXPIRE.format(where=where), (*params, txn.now)).fetchall()
     for queue_id, group in rows:
         txn.unsettle(queue_id, group)
+        txn.forget_length(queue_id)
     return len(rows)
 
 
@@ -128,6 +135,8 @@ def lease(txn: Txn, op: Lease) -> LeaseResult:
             )
             dead_letter_ids(txn, dead, "max_deliveries")
             result.dead_lettered += len(dead)
+        if rows:
+            txn.forget_length(q.id)  # leased messages no longer count against max_length
         asked, wanted = wanted, wanted - (len(rows) - len(dead))
         if len(rows) < asked:
             break  # the queue ran dry; otherwise refill what was dead-lettered
@@ -229,7 +238,7 @@ def ack_plain(txn: Txn, ops: Sequence[Ack]) -> list[AckResult | StaleReceipt]:
 def nack(txn: Txn, op: Nack) -> None:
     """Release a lease; visible again after ``op.delay`` (a group keeps its head)."""
     state = int(release_state(op.delay))
-    _end_lease(
+    queue_id, _ = _end_lease(
         txn,
         op.receipt,
         "state = %s, visible_at = %s, lease_token = NULL",
@@ -237,6 +246,7 @@ def nack(txn: Txn, op: Nack) -> None:
     )
     if op.task is not None:
         tasks.record(txn, _parse(op.receipt)[0], op.task)
+    txn.forget_length(queue_id)  # visible or delayed again: it counts
     txn.woken.add(op.queue)
 
 
@@ -286,4 +296,6 @@ def release(txn: Txn, op: Release) -> int:
         ).rowcount
     if released:
         txn.woken.add(op.queue)
+        txn.lengths.clear()  # visible again: they count against max_length
+        txn.oldest.clear()
     return released

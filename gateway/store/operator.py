@@ -103,6 +103,7 @@ def purge(txn: Txn, q: QueueRow) -> int:
     ).fetchall()
     for group in {row[0] for row in rows}:
         txn.unsettle(q.id, group)
+    txn.forget_length(q.id)
     return purged + len(rows)
 
 
@@ -123,6 +124,7 @@ def redrive(txn: Txn, q: QueueRow) -> int:
         txn.unsettle(q.id, group, reordered=True)
     if rows:
         txn.woken.add(q.name)
+        txn.forget_length(q.id)
     return len(rows)
 
 
@@ -163,6 +165,7 @@ def requeue_ids(txn: Txn, ids: list[int], queue_id: int | None = None) -> int:
     for row_queue, group in rows:
         txn.unsettle(row_queue, group, reordered=True)
         txn.woken.add(txn.queues.name_of(txn, row_queue))
+        txn.forget_length(row_queue)
     return len(rows)
 
 
@@ -179,6 +182,7 @@ def delete_message(txn: Txn, q: QueueRow, msg_id: int) -> int:
     if row is None:
         raise NotFound(f"queue {q.name!r} has no message {msg_id}")
     txn.unsettle(q.id, row[0])
+    txn.forget_length(q.id)
     return 1
 
 

@@ -135,6 +135,16 @@ class Txn:
         self.reordered: set[tuple[int, str]] = set()
         #: queues in which messages may have become visible
         self.woken: set[str] = set()
+        #: bounded queues: how many messages count against max_length (visible
+        #: or delayed) as of this transaction, kept up to date by enqueues and
+        #: overflow; any other op that moves messages in or out of those states
+        #: calls :meth:`forget_length` (see gateway.store.enqueue)
+        self.lengths: dict[int, int] = {}
+        #: bounded queues: ids of the oldest counted messages, oldest first
+        self.oldest: dict[int, list[int]] = {}
+        #: queues whose expired messages this transaction has dead-lettered
+        #: (its clock does not move, so once is enough)
+        self.swept: set[int] = set()
         self._savepoints = 0
 
     def exec(self, sql: str, params: Sequence[Any] = ()) -> Any:
@@ -158,6 +168,11 @@ class Txn:
             if reordered:
                 self.reordered.add((queue_id, group))
 
+    def forget_length(self, queue_id: int) -> None:
+        """Messages of ``queue_id`` entered or left the counted states: count again."""
+        self.lengths.pop(queue_id, None)
+        self.oldest.pop(queue_id, None)
+
     @contextmanager
     def savepoint(self) -> Iterator[None]:
         """Undo what the block did if it raises a :class:`ProtocolError` (which is re-raised).
@@ -169,6 +184,8 @@ class Txn:
         self._savepoints += 1
         name = f"lc_op_{self._savepoints}"
         unsettled, reordered, woken = set(self.unsettled), set(self.reordered), set(self.woken)
+        lengths, swept = dict(self.lengths), set(self.swept)
+        oldest = {queue_id: list(ids) for queue_id, ids in self.oldest.items()}
         self.cursor.execute(f"SAVEPOINT {name}")
         try:
             yield
@@ -176,6 +193,7 @@ class Txn:
             self.cursor.execute(f"ROLLBACK TO SAVEPOINT {name}")
             self.cursor.execute(f"RELEASE SAVEPOINT {name}")
             self.unsettled, self.reordered, self.woken = unsettled, reordered, woken
+            self.lengths, self.oldest, self.swept = lengths, oldest, swept
             self.queues.clear()  # a queue created in the block is gone again
             raise
         self.cursor.execute(f"RELEASE SAVEPOINT {name}")
