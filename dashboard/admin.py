@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import django_stubs_ext
 from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
@@ -20,6 +21,10 @@ from gateway.errors import Invalid, ProtocolError
 from gateway.leases import DEFAULT_QUEUE_SETTINGS, StoredState, observed_state
 from gateway.models import Message, Queue, TaskRecord, Token, hash_token
 from gateway.scopes import parse_scope
+
+# ModelAdmin[Queue] and ModelForm[Token] are subscripted at run time: in a host
+# project that never called this in its settings, they would fail to import.
+django_stubs_ext.monkeypatch()
 
 
 class QueueForm(forms.ModelForm[Queue]):

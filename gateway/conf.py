@@ -28,6 +28,8 @@ class GatewaySettings:
     queue_settings_ttl: float = 2.0
     #: seconds a ``block`` queue or topic makes its producer wait for room
     block_wait: float = 10.0
+    #: seconds after which a topic with no subscriber and no publish is forgotten
+    topic_idle: float = 300.0
     # -- auth
     token_cache_ttl: float = 5.0
     allowed_origins: tuple[str, ...] = ()
@@ -69,6 +71,7 @@ def gateway_settings() -> GatewaySettings:
         max_backlog=_setting("GATEWAY_MAX_BACKLOG", d.max_backlog),
         queue_settings_ttl=_setting("GATEWAY_QUEUE_SETTINGS_TTL", d.queue_settings_ttl),
         block_wait=_setting("GATEWAY_BLOCK_WAIT", d.block_wait),
+        topic_idle=_setting("GATEWAY_TOPIC_IDLE", d.topic_idle),
         token_cache_ttl=_setting("GATEWAY_TOKEN_CACHE_TTL", d.token_cache_ttl),
         allowed_origins=tuple(_setting("GATEWAY_ALLOWED_ORIGINS", d.allowed_origins)),
         allowed_hosts=tuple(settings.ALLOWED_HOSTS),

@@ -33,9 +33,8 @@ import time
 from collections import deque
 from typing import Any
 
-from django.conf import settings
-
 from gateway.broadcast import Broadcaster
+from gateway.conf import gateway_settings
 from gateway.layer import ProcessChannel, get_process_channel
 
 __all__ = ["Relay", "group_for", "make_broadcaster"]
@@ -255,8 +254,8 @@ def make_broadcaster() -> Broadcaster:
     """The process's broadcaster, with a relay when the channel layer spans processes."""
     from gateway.engine import PROCESS_NAME
 
-    block_wait = float(getattr(settings, "GATEWAY_BLOCK_WAIT", 10.0))
-    topic_idle = float(getattr(settings, "GATEWAY_TOPIC_IDLE", 300.0))
+    conf = gateway_settings()
+    block_wait, topic_idle = conf.block_wait, conf.topic_idle
     channel = get_process_channel()
     if channel is None:
         return Broadcaster(block_wait=block_wait, topic_idle=topic_idle)
