@@ -10,6 +10,7 @@ other gateway processes through ``NOTIFY`` (``gateway.notify``).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import os
 import socket
 import sqlite3
@@ -48,6 +49,8 @@ COUNTERS = ("enqueued", "delivered", "redelivered", "acked", "dead_lettered")
 #: most: room made by this process wakes it at once, room made by another
 #: process (or by expiry) is found by this poll.
 ROOM_POLL = 0.1
+#: The poll of one waiting enqueue doubles up to this, so many of them cost little.
+ROOM_POLL_MAX = 1.0
 
 #: This process's name: host and pid (labels it in stats; signs its NOTIFYs).
 PROCESS_NAME = f"{socket.gethostname()}:{os.getpid()}"
@@ -101,7 +104,7 @@ class Engine:
         self.committer = committer
         self.block_wait = block_wait
         # Retries of enqueues waiting for room, per queue, oldest first.
-        self._room_waiters: dict[str, list[Callable[[], None]]] = {}
+        self._room_waiters: dict[str, list[_RoomWaiter]] = {}
         self.pumps: dict[str, QueuePump] = {}
         #: every open socket of this process (each has ``describe()``)
         self.sockets: set[Any] = set()
@@ -143,17 +146,21 @@ class Engine:
         result: Result,
         callback: Callback,
         deadline: float | None,
+        poll: float = ROOM_POLL,
     ) -> None:
         if isinstance(result, QueueFull) and result.may_wait:
             now = time.monotonic()
             deadline = now + self.block_wait if deadline is None else deadline
             if now < deadline:
+                first = deadline - self.block_wait  # when it was first refused: its place
+                again = min(poll * 2, ROOM_POLL_MAX)
                 self._wait_for_room(
                     result.queue,
                     lambda: self.committer.submit(
-                        op, lambda again: self._landed(op, again, callback, deadline)
+                        op, lambda res: self._landed(op, res, callback, deadline, again)
                     ),
-                    deadline - now,
+                    min(deadline - now, poll),
+                    first,
                 )
                 return
             result = Backpressure(
@@ -168,18 +175,26 @@ class Engine:
                     self.count(queue, "enqueued")
         callback(result)
 
-    def _wait_for_room(self, queue: str, retry: Callable[[], None], wait: float) -> None:
-        """Run ``retry`` once: when this process makes room in ``queue``, or after a poll."""
+    def _wait_for_room(
+        self, queue: str, retry: Callable[[], None], wait: float, since: float
+    ) -> None:
+        """Run ``retry`` once: when this process makes room in ``queue``, or after
+        ``wait`` seconds. Waiters keep the order in which they were first refused."""
         waiters = self._room_waiters.setdefault(queue, [])
-        waiter = _RoomWaiter(retry, waiters)
-        waiter.timer = asyncio.get_running_loop().call_later(min(wait, ROOM_POLL), waiter.fire)
-        waiters.append(waiter.fire)
+        waiter = _RoomWaiter(retry, waiters, since)
+        waiter.timer = asyncio.get_running_loop().call_later(wait, waiter.fire)
+        bisect.insort(waiters, waiter, key=lambda w: w.since)
 
-    def room_made(self, queue: str) -> None:
-        """Messages left ``queue``'s counted states here: retry enqueues waiting for room."""
-        waiters = self._room_waiters.pop(queue, None)
-        for fire in waiters or ():
-            fire()
+    def room_made(self, queue: str, n: int) -> None:
+        """``n`` messages left ``queue``'s counted states here: retry as many of the
+        enqueues waiting for room, the longest waiting first."""
+        waiters = self._room_waiters.get(queue)
+        if not waiters:
+            return
+        for waiter in waiters[:n]:
+            waiter.fire()
+        if not waiters:
+            del self._room_waiters[queue]
 
     def count(self, queue: str, what: str, n: int = 1) -> None:
         """Add to a queue's counters (enqueued, delivered, redelivered, acked, dead_lettered)."""
@@ -188,7 +203,7 @@ class Engine:
             counters = self.counters[queue] = dict.fromkeys(COUNTERS, 0)
         counters[what] += n
         if what == "delivered" and n and queue in self._room_waiters:
-            self.room_made(queue)
+            self.room_made(queue, n)
 
     async def call(self, op: Returns[T]) -> T:
         """:meth:`submit` ``op`` and wait for its result (raises its ProtocolError).
@@ -245,9 +260,10 @@ class _RoomWaiter:
     """One enqueue waiting for room in a ``block`` queue: retried once, by
     whichever comes first, the poll timer or :meth:`Engine.room_made`."""
 
-    def __init__(self, retry: Callable[[], None], waiters: list[Callable[[], None]]) -> None:
+    def __init__(self, retry: Callable[[], None], waiters: list[_RoomWaiter], since: float) -> None:
         self._retry: Callable[[], None] | None = retry
         self._waiters = waiters
+        self.since = since
         self.timer: asyncio.TimerHandle | None = None
 
     def fire(self) -> None:
@@ -256,8 +272,8 @@ class _RoomWaiter:
             return
         if self.timer is not None:
             self.timer.cancel()
-        if self.fire in self._waiters:
-            self._waiters.remove(self.fire)
+        if self in self._waiters:
+            self._waiters.remove(self)
         retry()
 
 
