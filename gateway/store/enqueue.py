@@ -33,6 +33,10 @@ def enqueue(txn: Txn, queue: str, specs: Sequence[EnqueueSpec]) -> list[EnqueueR
     q = txn.queue(queue, create=True)
     if not q.settings.max_length:
         return _enqueue_into(txn, q, specs)
+    if q.settings.overflow != "drop_oldest" and all(spec.key is None for spec in specs):
+        # Without keys every message counts: a full queue is refused before
+        # any write, which is most of what a full queue sees.
+        _check_room(txn, q, len(specs))
     with txn.savepoint():
         results = _enqueue_into(txn, q, specs)
         added = sum(1 for r in results if not r.duplicate)
@@ -142,6 +146,30 @@ def _enqueue_keyed(txn: Txn, q: QueueRow, spec: EnqueueSpec) -> EnqueueResult:
     return EnqueueResult(str(msg_id), False)
 
 
+def _length(txn: Txn, q: QueueRow) -> int:
+    """How many messages of bounded queue ``q`` count against ``max_length`` now."""
+    expire(txn, q)  # expired messages no longer count
+    count = txn.lengths.get(q.id)
+    if count is None:
+        (count,) = txn.exec(_COUNT, (q.id, q.id, txn.now, q.id)).fetchone()
+        txn.lengths[q.id] = count
+    return count
+
+
+def _check_room(txn: Txn, q: QueueRow, n: int) -> None:
+    """Refuse ``n`` more messages if they would take ``q`` past ``max_length``."""
+    if _length(txn, q) + n > q.settings.max_length:
+        raise _full(q)
+
+
+def _full(q: QueueRow) -> QueueFull:
+    return QueueFull(
+        f"queue {q.name!r} holds its max_length of {q.settings.max_length} messages",
+        queue=q.name,
+        may_wait=q.settings.overflow == "block",
+    )
+
+
 def _enforce_length(txn: Txn, q: QueueRow, added: int) -> None:
     """After ``added`` messages went into bounded queue ``q``: apply its overflow
     policy if it is over ``max_length``.
@@ -149,9 +177,10 @@ def _enforce_length(txn: Txn, q: QueueRow, added: int) -> None:
     Counted once per transaction and queue (three index range counts), then
     kept up to date here, so a batch of enqueues does not count again each.
     """
-    expire(txn, q)  # expired messages no longer count
+    expired = q.id not in txn.swept and expire(txn, q)
     count = txn.lengths.get(q.id)
-    if count is None:
+    if count is None or expired:
+        # Counted afresh, the rows just inserted included.
         (count,) = txn.exec(_COUNT, (q.id, q.id, txn.now, q.id)).fetchone()
     else:
         count += added
@@ -163,11 +192,7 @@ def _enforce_length(txn: Txn, q: QueueRow, added: int) -> None:
         dead_letter_ids(txn, _oldest(txn, q, excess), "overflow")
         txn.lengths[q.id] = count - excess
         return
-    raise QueueFull(
-        f"queue {q.name!r} holds its max_length of {q.settings.max_length} messages",
-        queue=q.name,
-        may_wait=q.settings.overflow == "block",
-    )
+    raise _full(q)
 
 
 def _oldest(txn: Txn, q: QueueRow, n: int) -> list[int]:

@@ -136,7 +136,7 @@ def lease(txn: Txn, op: Lease) -> LeaseResult:
             dead_letter_ids(txn, dead, "max_deliveries")
             result.dead_lettered += len(dead)
         if rows:
-            txn.forget_length(q.id)  # leased messages no longer count against max_length
+            txn.leased(q.id, [row[0] for row in rows])
         asked, wanted = wanted, wanted - (len(rows) - len(dead))
         if len(rows) < asked:
             break  # the queue ran dry; otherwise refill what was dead-lettered

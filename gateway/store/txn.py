@@ -168,6 +168,15 @@ class Txn:
             if reordered:
                 self.reordered.add((queue_id, group))
 
+    def leased(self, queue_id: int, ids: list[int]) -> None:
+        """These messages of ``queue_id`` were counted and are in flight now."""
+        if queue_id in self.lengths:
+            self.lengths[queue_id] -= len(ids)
+        oldest = self.oldest.get(queue_id)
+        if oldest:
+            gone = set(ids)
+            self.oldest[queue_id] = [i for i in oldest if i not in gone]
+
     def forget_length(self, queue_id: int) -> None:
         """Messages of ``queue_id`` entered or left the counted states: count again."""
         self.lengths.pop(queue_id, None)
