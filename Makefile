@@ -13,8 +13,9 @@ DEV_STAMP := $(VENV)/.installed-dev
 PYTHON_DJANGO6 ?= python3.12
 VENV6 := .venv-django6
 DJANGO6_TESTS := tests/unit/test_store_tasks.py tests/unit/test_task_worker.py \
-	tests/integration/test_task_worker.py tests/integration/test_operations.py \
-	tests/integration/test_workqueue.py
+	tests/unit/test_producer_remote.py tests/integration/test_task_worker.py \
+	tests/integration/test_producer.py tests/integration/test_django_app.py \
+	tests/integration/test_operations.py tests/integration/test_workqueue.py
 
 .PHONY: run demo test test-django6 lint typecheck unit integration bench install dev clean browser
 
