@@ -6,7 +6,9 @@ random enqueues (with idempotency keys, delays, ordering groups, priorities
 and ttls), lease rounds, acks (with follow-up enqueues), nacks, rejects,
 extends, socket releases, purges, redrives, per-message requeues and deletes,
 browsing, stats, queue settings (``max_length`` under each overflow policy),
-mixed batches, key expiry and clock moves. Receipts are current ones, old ones
+mixed batches (lease rounds and releases among acks, nacks, rejects and
+enqueues; busy batches on a bounded queue, whose count the store keeps per
+transaction), key expiry and clock moves. Receipts are current ones, old ones
 reused after a redelivery, ack, nack or expiry, forged ones (a real id with a
 wrong token, ids and tokens out of range) and plain garbage.
 
@@ -201,8 +203,12 @@ class QueueMachine(RuleBasedStateMachine):
     @initialize(
         max_deliveries=st.sampled_from((0, 1, 2, 3)),
         dedup_window=st.sampled_from((10.0, 60.0)),
+        max_length=st.sampled_from((0, 2, 3)),
+        overflow=st.sampled_from(OVERFLOW_POLICIES),
     )
-    def open_store(self, max_deliveries: int, dedup_window: float) -> None:
+    def open_store(
+        self, max_deliveries: int, dedup_window: float, max_length: int, overflow: str
+    ) -> None:
         self.settings = QueueSettings(
             visibility_timeout=30.0, max_deliveries=max_deliveries, dedup_window=dedup_window
         )
@@ -213,6 +219,8 @@ class QueueMachine(RuleBasedStateMachine):
             defaults=self.settings,
             settings_ttl=0,
         )
+        if max_length:  # the second queue is bounded from the start
+            self.configure(1, max_length, overflow)
 
     def teardown(self) -> None:
         if self.store is not None:
@@ -719,16 +727,19 @@ class QueueMachine(RuleBasedStateMachine):
         if everything:  # every last lease: as if one socket had taken them all
             receipts += [r for r in self.receipts if self.last_lease(r)]
         before = self.snapshot()
-        released = self.one(Release(self.queues[0], receipts))
+        op = Release(self.queues[0], receipts)
+        if not self.model_release(op, self.one(op)):
+            assert self.snapshot() == before
+
+    def model_release(self, op: Release, released: Any) -> int:
         expected = 0
-        for receipt in receipts:
+        for receipt in op.receipts:
             msg = self.holder(receipt, unexpired=False)
             if msg is not None:
                 msg.state, msg.visible_at, msg.token = READY, self.now, None
                 expected += 1
         assert released == expected
-        if not expected:
-            assert self.snapshot() == before
+        return expected
 
     @rule(
         ops=st.lists(
@@ -738,9 +749,10 @@ class QueueMachine(RuleBasedStateMachine):
                 st.tuples(st.just("reject"), receipt_choice),
                 st.tuples(st.just("enqueue"), st.sampled_from((0, 1)), specs),
                 st.tuples(st.just("lease"), st.sampled_from((0, 1)), st.integers(1, 3)),
+                st.tuples(st.just("release"), st.lists(receipt_choice, max_size=2)),
             ),
             min_size=2,
-            max_size=5,
+            max_size=6,
         )
     )
     def batch(self, ops: list[tuple[Any, ...]]) -> None:
@@ -759,9 +771,15 @@ class QueueMachine(RuleBasedStateMachine):
                 built.append(Reject(self.receipt(op[1])))
             elif op[0] == "lease":
                 built.append(Lease(self.queues[op[1]], op[2]))
+            elif op[0] == "release":
+                built.append(Release(self.queues[0], [self.receipt(c) for c in op[1]]))
             else:
                 name = self.queues[op[1]]
                 built.append(Enqueue(name, [self.spec(*fields) for fields in op[2]]))
+        self.run_batch(built)
+
+    def run_batch(self, built: list[Any]) -> None:
+        """Run ``built`` as one batch, and apply it to the model op by op."""
         results = self.run(built)
         for op, result in zip(built, results, strict=True):
             if isinstance(op, Ack):
@@ -772,9 +790,38 @@ class QueueMachine(RuleBasedStateMachine):
                 self.model_reject(op, result)
             elif isinstance(op, Lease):
                 self.model_lease(op, result)  # (groups not settled yet: as the store does)
+            elif isinstance(op, Release):
+                self.model_release(op, result)
             else:
                 self.enqueue_op(op, result)
         self.settle()
+
+    @precondition(lambda self: self.bounds.get(self.queues[1], (0,))[0] > 0)
+    @rule(
+        kinds=st.lists(
+            st.sampled_from(("enqueue", "enqueue", "enqueue", "lease", "nack", "release", "ack")),
+            min_size=3,
+            max_size=8,
+        ),
+        grouped=st.booleans(),
+    )
+    def busy_bounded_batch(self, kinds: list[str], grouped: bool) -> None:
+        # One commit of a busy bounded queue: enqueues (one message each)
+        # among lease rounds and leases ending, so that what the store counts
+        # once per transaction must follow every op of it.
+        name = self.queues[1]
+        held = [r for r in self.receipts if (m := self.holder(r)) and m.queue == name]
+        built: list[Any] = []
+        for kind in kinds:
+            if kind == "enqueue":
+                built.append(Enqueue(name, [self.spec(None, group="g1" if grouped else None)]))
+            elif kind == "lease":
+                built.append(Lease(name, 1))
+            elif held:
+                receipt = held.pop()
+                ops = {"nack": Nack(name, receipt), "release": Release(name, [receipt])}
+                built.append(ops.get(kind, Ack(receipt)))
+        self.run_batch(built)
 
     def purge(self, queue: int) -> None:
         name = self.queues[queue]
