@@ -113,10 +113,7 @@ class Store:
         PostgreSQL the woken queues are announced with ``NOTIFY``, which
         listeners receive on commit and only then.
         """
-        if self._conn is None:
-            self._conn = self._connect()
-        cur = self._conn.cursor()
-        cur.execute(self.dialect.begin)
+        cur = self._begin()
         txn = Txn(cur, self.dialect, self._clock(), self._queues)
         try:
             yield txn
@@ -135,6 +132,28 @@ class Store:
             raise
         cur.execute("COMMIT")
         self.woken |= txn.woken
+
+    def _begin(self) -> Any:
+        """A cursor inside ``BEGIN``, on a fresh connection if the old one is dead.
+
+        A PostgreSQL connection the server closed while it was idle (a restart,
+        an idle timeout) fails on its first statement. Nothing has been applied
+        at that point, so one new connection may try again: the batch then runs
+        instead of failing with ``unavailable``.
+        """
+        for attempt in range(2):
+            if self._conn is None:
+                self._conn = self._connect()
+            cur = self._conn.cursor()
+            try:
+                cur.execute(self.dialect.begin)
+                return cur
+            except Exception as exc:
+                self.close()
+                if self.dialect is not POSTGRESQL or attempt:
+                    raise
+                log.info("reconnecting: the database connection was closed (%s)", exc)
+        raise AssertionError("unreachable")
 
     # -- batches
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from gateway.errors import NotFound, ProtocolError, StaleReceipt, Unavailable
 from gateway.protocol import EnqueueSpec
 from gateway.store import (
@@ -282,3 +284,23 @@ def test_commit_of_an_empty_batch_is_remembered(store: Store, queue: str) -> Non
 
     assert one(store, CommitTxn(f"{queue}-empty")).messages == 0
     assert one(store, CommitTxn(f"{queue}-empty")).already
+
+
+def test_a_connection_closed_by_the_server_while_idle_is_replaced(
+    database: tuple[str, Any], store: Store, queue: str
+) -> None:
+    """A PostgreSQL restart (or an idle timeout) kills the store's idle connection:
+    the next batch reconnects and runs instead of answering ``unavailable``."""
+    kind, connect = database
+    if kind != "postgres":
+        pytest.skip("SQLite has no server to close the connection")
+    enqueue(store, queue, "before")
+    with store.transaction() as txn:
+        (pid,) = txn.exec("SELECT pg_backend_pid()").fetchone()
+    killer = connect()
+    try:
+        killer.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    finally:
+        killer.close()
+    (result,) = store.run([Enqueue(queue, [EnqueueSpec(b'"after"')])])
+    assert not isinstance(result, Exception), result
