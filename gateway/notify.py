@@ -85,14 +85,17 @@ class Listener:
                 first = False
                 backoff = 0.1
                 while not self._stopping.is_set():
-                    woken = set()
-                    for note in conn.notifies(timeout=1.0, stop_after=1000):
+                    # Each notification wakes its queue as it arrives: the
+                    # generator yields them one by one (it returns only after
+                    # the timeout, or after stop_after of them, so waking at
+                    # its end delayed every wake-up by up to a second).
+                    for note in conn.notifies(timeout=1.0):
                         sender, _, queue = note.payload.rpartition(" ")
                         if sender != self._own:
-                            woken.add(queue)
-                    if woken:
-                        self.received += len(woken)
-                        self._loop.call_soon_threadsafe(self._wake, woken)
+                            self.received += 1
+                            self._loop.call_soon_threadsafe(self._wake, {queue})
+                        if self._stopping.is_set():
+                            break
             except Exception as exc:
                 if self._stopping.is_set():
                     return
