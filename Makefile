@@ -17,14 +17,16 @@ DJANGO6_TESTS := tests/unit/test_store_tasks.py tests/unit/test_task_worker.py \
 	tests/integration/test_producer.py tests/integration/test_django_app.py \
 	tests/integration/test_operations.py tests/integration/test_workqueue.py
 
-.PHONY: run demo test test-django6 lint typecheck unit integration bench install dev clean browser
+.PHONY: screenshots run demo test test-django6 lint typecheck unit integration bench install dev clean browser balancer
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 
-$(RUN_STAMP): pyproject.toml | $(BIN)/python
+# The Python client (clients/python/, distribution `leasecast`) goes in the same
+# pip call: the gateway depends on it and pip cannot take a relative path there.
+$(RUN_STAMP): pyproject.toml clients/python/pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e .
+	$(BIN)/pip install --quiet -e ./clients/python -e .
 	touch $(RUN_STAMP)
 
 $(SPARK_STAMP): $(RUN_STAMP)
@@ -55,12 +57,18 @@ demo: $(SPARK_STAMP) var
 	$(BIN)/python manage.py bootstrap_dev --url http://127.0.0.1:$(PORT)
 	$(BIN)/python -m gateway.demo --port $(PORT)
 
+## Refresh docs/dashboard*.png: the demo on a free port, photographed in Chromium, stopped.
+screenshots: $(DEV_STAMP) var browser
+	$(BIN)/python manage.py migrate --noinput
+	$(BIN)/python manage.py bootstrap_dev --url http://127.0.0.1:$(PORT)
+	$(BIN)/python -m dashboard.screenshots
+
 lint: dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
 typecheck: dev
-	$(BIN)/mypy gateway consumers dashboard bench spark_feed
+	$(BIN)/mypy gateway consumers dashboard bench spark_feed clients/python/src/leasecast
 
 unit: dev
 	$(BIN)/pytest tests/unit -q
@@ -78,16 +86,26 @@ browser:
 	    || echo "Could not install chromium: the browser tests will be skipped"; \
 	else echo "No chromium and not root: the browser tests will be skipped"; fi
 
+## Debian's haproxy for the load-balancer tests (tests/integration/test_balancer.py),
+## when we may install it (root); without it those tests skip and say why.
+balancer:
+	@if command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "Installing Debian's haproxy for the load-balancer tests"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy >/dev/null) \
+	    || echo "Could not install haproxy: the load-balancer tests will be skipped"; \
+	else echo "No haproxy and not root: the load-balancer tests will be skipped"; fi
+
 ## Lint, type-check, then every test suite on Django 5.2, then the Django-facing
 ## tests on Django 6.
-test: lint typecheck browser
+test: lint typecheck browser balancer
 	$(BIN)/pytest -q --durations=10
 	$(MAKE) --no-print-directory test-django6
 
-$(VENV6)/.installed: pyproject.toml
+$(VENV6)/.installed: pyproject.toml clients/python/pyproject.toml
 	$(PYTHON_DJANGO6) -m venv $(VENV6)
 	$(VENV6)/bin/pip install --quiet --upgrade pip
-	$(VENV6)/bin/pip install --quiet -e '.[test]' 'django>=6.0,<6.1'
+	$(VENV6)/bin/pip install --quiet -e ./clients/python -e '.[test]' 'django>=6.0,<6.1'
 	touch $@
 
 ## The Django-facing and tasks tests on Django 6 (skipped, and said, without Python 3.12+:

@@ -87,8 +87,15 @@ class Target:
         return orjson.dumps({"topic": topic, "body": body}).decode()
 
 
-async def fanout_round(target: Target, n_subs: int, n_msgs: int) -> Row:
-    topic = f"bench{int(time.time() * 1000)}"
+async def fanout_round(
+    target: Target, n_subs: int, n_msgs: int, topic: str | None = None, connect_limit: int = 0
+) -> Row:
+    """One round: ``n_subs`` subscribers of a fresh topic (or ``topic``), ``n_msgs`` publishes.
+
+    ``connect_limit``: at most this many subscriber handshakes at once (0: all at once).
+    """
+    topic = topic or f"bench{int(time.time() * 1000)}"
+    handshakes = asyncio.Semaphore(connect_limit or n_subs)
     latencies: list[float] = []
     counts = [0] * n_subs
     finished = asyncio.Event()
@@ -97,9 +104,11 @@ async def fanout_round(target: Target, n_subs: int, n_msgs: int) -> Row:
 
     async def subscriber(k: int, ready: asyncio.Event, opened: list[int]) -> None:
         nonlocal remaining, last_receipt
-        async with connect(
-            target.sub_url(topic, n_msgs), additional_headers=target.headers, max_size=None
-        ) as ws:
+        async with handshakes:
+            ws = await connect(
+                target.sub_url(topic, n_msgs), additional_headers=target.headers, max_size=None
+            )
+        async with ws:
             opened.append(k)
             if len(opened) == n_subs:
                 ready.set()

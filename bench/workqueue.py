@@ -149,10 +149,16 @@ class LeasecastTarget:
         *,
         batched: bool,
         latencies: list[float],
+        done: asyncio.Event | None = None,
     ) -> None:
-        """Receive and ack ``n`` messages over ``workers`` sockets, until every ack is confirmed."""
+        """Receive and ack ``n`` messages over ``workers`` sockets, until every ack is confirmed.
+
+        ``done``, if given, is set when the last ack is confirmed: a caller
+        that awaits it stops its clock there, before the sockets close (idle
+        workers notice within their 1 s receive timeout).
+        """
         acked = 0
-        done = asyncio.Event()
+        done = done or asyncio.Event()
         query = f"prefetch={prefetch}" + (f"&batch={prefetch}" if batched else "")
 
         async def worker() -> None:
@@ -285,7 +291,20 @@ async def inflight_figures(
 # -- RabbitMQ -----------------------------------------------------------------
 
 
-async def rabbit_figures(n: int, workers: int, prefetch: int, batched: bool) -> Result:
+async def rabbit_figures(
+    n: int,
+    workers: int,
+    prefetch: int,
+    batched: bool,
+    *,
+    enqueue: bool = True,
+    latency_rate: float = 500,
+    latency_count: int = 1500,
+) -> Result:
+    """RabbitMQ's figures; ``enqueue=False`` skips enqueue/s, ``latency_count=0`` the latency.
+
+    The latency is measured at a paced ``latency_rate`` messages/s.
+    """
     import aio_pika
 
     result = Result("rabbitmq", "batched" if batched else "v1")
@@ -379,7 +398,8 @@ async def rabbit_figures(n: int, workers: int, prefetch: int, batched: bool) -> 
         setup = await connection.channel()
         for name in ("enq", "cyc", "lat"):
             await setup.declare_queue(f"{stamp}-{name}", durable=True)
-        result.enqueue_per_s = n / await produce(f"{stamp}-enq", n)
+        if enqueue:
+            result.enqueue_per_s = n / await produce(f"{stamp}-enq", n)
 
         latencies: list[float] = []
         consumer = asyncio.create_task(consume(f"{stamp}-cyc", n, latencies))
@@ -390,11 +410,12 @@ async def rabbit_figures(n: int, workers: int, prefetch: int, batched: bool) -> 
         result.cycles_per_s = n / (time.perf_counter() - start)
 
         paced: list[float] = []
-        count = 1500
-        consumer = asyncio.create_task(consume(f"{stamp}-lat", count, paced))
-        await asyncio.sleep(0.3)
-        await produce(f"{stamp}-lat", count, paced=500)
-        await consumer
+        count = latency_count
+        if count:
+            consumer = asyncio.create_task(consume(f"{stamp}-lat", count, paced))
+            await asyncio.sleep(0.3)
+            await produce(f"{stamp}-lat", count, paced=latency_rate)
+            await consumer
         result.latency_p50_ms = percentile(paced, 0.5) * 1000
         result.latency_p99_ms = percentile(paced, 0.99) * 1000
         for name in ("enq", "cyc", "lat"):
@@ -416,8 +437,11 @@ def rabbit_unavailable() -> str | None:
 # -- the run ------------------------------------------------------------------
 
 
-def start_gateway(stack: ExitStack, backend: str) -> LeasecastTarget | str:
-    """A gateway on a fresh database of ``backend``, or the reason it cannot run."""
+def start_gateway(stack: ExitStack, backend: str, server: str = "daphne") -> LeasecastTarget | str:
+    """A gateway on a fresh database of ``backend``, or the reason it cannot run.
+
+    ``server`` is the ASGI server: daphne (as ``make run``) or uvicorn.
+    """
     var = Path(tempfile.mkdtemp(prefix=f"leasecast-bench-{backend}-"))
     database: AbstractContextManager[dict[str, str]]
     if backend == "postgres":
@@ -428,7 +452,7 @@ def start_gateway(stack: ExitStack, backend: str) -> LeasecastTarget | str:
     else:
         database = sqlite_database(var)
     env = stack.enter_context(database)
-    gateway = GatewayProcess(env, var, name=f"bench-{backend}")
+    gateway = GatewayProcess(env, var, name=f"bench-{backend}", server=server)
     gateway.start()
     stack.callback(gateway.stop)
     token = gateway.issue_token("admin", name="bench")

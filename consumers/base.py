@@ -23,32 +23,44 @@ from consumers.limits import (
     CLOSE_TOO_MANY_SOCKETS,
     RateLimited,
     frame_cost,
-    get_limiter,
     limit_key,
     too_many_sockets,
 )
-from dashboard.live import get_exchange
-from gateway.auth import PRINCIPAL_KEY
-from gateway.broadcast import get_broadcaster
+from gateway import metrics
+from gateway.auth import PRINCIPAL_KEY, principal_for_signed
+from gateway.broadcast import Published
 from gateway.conf import GatewaySettings, gateway_settings
-from gateway.engine import Engine, get_engine
-from gateway.errors import Forbidden, Invalid, ProtocolError
+from gateway.engine import Engine
+from gateway.errors import Forbidden, Invalid, ProtocolError, Unavailable
 from gateway.protocol import (
+    REFRESH_OP,
     ClientFrame,
     EnqueueFrame,
     EnqueueManyFrame,
     PublishFrame,
     Ref,
+    RefreshFrame,
     decode_object,
     encode,
     encode_error,
     parse_frame,
+    parse_refresh,
     read_ref,
 )
+from gateway.runtime import current_runtime
 from gateway.scopes import Action, Principal
 from gateway.store import Enqueue, EnqueueResult, Result
+from gateway.transport import SocketWindow, transport_flow
 
-__all__ = ["CLOSE_FORBIDDEN", "CLOSE_INVALID", "CLOSE_TOO_BIG", "GatewaySocket", "int_param"]
+__all__ = [
+    "CLOSE_FORBIDDEN",
+    "CLOSE_INVALID",
+    "CLOSE_TOKEN_EXPIRED",
+    "CLOSE_TOO_BIG",
+    "CLOSE_UNAVAILABLE",
+    "GatewaySocket",
+    "int_param",
+]
 
 log = logging.getLogger("leasecast.socket")
 
@@ -57,6 +69,11 @@ _socket_ids = itertools.count(1)
 CLOSE_TOO_BIG = 1009
 CLOSE_INVALID = 4400
 CLOSE_FORBIDDEN = 4403
+#: The socket could not be opened for a transient failure (``unavailable``,
+#: e.g. Redis down while a subscriber's topic is looked up): retry it.
+CLOSE_UNAVAILABLE = 4503
+#: The socket's token expired or was revoked (protocol 1.1: token lifetime).
+CLOSE_TOKEN_EXPIRED = 4401
 
 
 class GatewaySocket(AsyncWebsocketConsumer):
@@ -104,38 +121,54 @@ class GatewaySocket(AsyncWebsocketConsumer):
         self.conf = gateway_settings()
         self._outbox: list[str] = []
         self._outbox_ready = asyncio.Event()
+        # Frames pending and the transport's room: the socket's writability
+        # (gateway.transport, DESIGN decision 14), told to writable_changed().
+        self._window = SocketWindow(self.writable_changed)
         self._writer: asyncio.Task[None] | None = None
         self._close_code: int | None = None
         self._open = False
         self._slot_held = False
+        self._expiry: asyncio.TimerHandle | None = None
+        self._watched_token: int | None = None
+        # What the socket's URL was checked for while opening (require() during
+        # open()): a refreshed token must still allow all of it.
+        self._url_checks: set[tuple[Action, str]] = set()
+        self._opening = True
         principal = self.scope.get(PRINCIPAL_KEY)
         if principal is None:
             await self.close()  # before accept: the handshake is refused with 403
             return
         self.principal = principal
-        self.limiter = get_limiter()
+        self.runtime = current_runtime()
+        self.limiter = self.runtime.limiter
         self.limit_key = limit_key(principal)
         self._rated = self.limiter.limits.limits_rate
         self.sid = next(_socket_ids)
         self.connected_at = time.time()
         self._verdicts: dict[tuple[str, str], bool] = {}
-        self.engine = get_engine()
+        self.engine = self.runtime.engine
         # Every process shares its live state with the others' dashboards,
         # whether or not it serves a dashboard itself.
-        get_exchange()
+        self.runtime.exchange  # noqa: B018 (built on first use)
         try:
             await self.open(self.query())
+            self._opening = False
         except ProtocolError as exc:
             # Accepted, told why in one error frame, then closed (protocol: Errors).
             await self.accept()
             await self.send(text_data=encode_error(exc.code, exc.detail))
-            code = CLOSE_FORBIDDEN if isinstance(exc, Forbidden) else CLOSE_INVALID
+            if isinstance(exc, Forbidden):
+                code = CLOSE_FORBIDDEN
+            elif isinstance(exc, Unavailable):
+                code = CLOSE_UNAVAILABLE  # transient: the client retries
+            else:
+                code = CLOSE_INVALID
             await self.close(code=code)
             return
         if not self.limiter.open_socket(self.limit_key).admitted:
             # Over the token's socket limit: told why, then closed (docs/protocol.md).
             await self.accept()
-            refusal = too_many_sockets(principal)
+            refusal = too_many_sockets(principal, self.limiter.limits.max_sockets)
             await self.send(text_data=encode_error(refusal.code, refusal.detail))
             await self.close(code=CLOSE_TOO_MANY_SOCKETS)
             return
@@ -143,16 +176,23 @@ class GatewaySocket(AsyncWebsocketConsumer):
         await self.accept()
         self._open = True
         self._writer = asyncio.create_task(self._write_loop())
+        flow = transport_flow(self.scope)  # daphne: its transport's pause/resume
+        if flow is not None:
+            flow.listen(self._window.transport_changed)
         self.engine.sockets.add(self)
+        metrics.socket_opened(self.kind)
+        self._watch_token()
         self.opened()
 
     async def disconnect(self, code: int) -> None:
+        self._unwatch_token()
         if self._slot_held:
             self._slot_held = False
             self.limiter.close_socket(self.limit_key)
         if self._open:
             self._open = False
             self.engine.sockets.discard(self)
+            metrics.socket_closed(self.kind)
             self.closed()
         if self._writer is not None:
             self._writer.cancel()
@@ -190,11 +230,20 @@ class GatewaySocket(AsyncWebsocketConsumer):
         try:
             obj = decode_object(text_data)
             ref = read_ref(obj)
-            frame = parse_frame(obj, self.ops, self.conf.limits)
+            frame: ClientFrame | RefreshFrame
+            if obj.get("op") == REFRESH_OP:
+                # Every socket kind takes refresh (protocol 1.1: token
+                # lifetime), so it is handled here, whatever the subclass's ops.
+                frame = parse_refresh(obj)
+            else:
+                frame = parse_frame(obj, self.ops, self.conf.limits)
             if self._rated:
                 charged = True
-                self._charge(frame_cost(frame))
-            self.handle(frame)
+                self._charge(1 if isinstance(frame, RefreshFrame) else frame_cost(frame))
+            if isinstance(frame, RefreshFrame):
+                self.refresh(frame)
+            else:
+                self.handle(frame)
         except RateLimited as exc:
             self.push(encode(exc.frame(), ref))
         except ProtocolError as exc:
@@ -203,7 +252,8 @@ class GatewaySocket(AsyncWebsocketConsumer):
                 # bounded like any other; over the rate it is told that instead.
                 decision = self.limiter.admit(self.limit_key, 1)
                 if not decision.admitted:
-                    self.push(encode(RateLimited(self.principal, decision).frame(), ref))
+                    limited = RateLimited(self.principal, decision, self.limiter.limits.rate)
+                    self.push(encode(limited.frame(), ref))
                     return
             self.push(encode_error(exc.code, exc.detail, ref))
         except Exception:
@@ -214,7 +264,7 @@ class GatewaySocket(AsyncWebsocketConsumer):
         """Charge ``cost`` messages to the caller's rate, or raise :class:`RateLimited`."""
         decision = self.limiter.admit(self.limit_key, cost)
         if not decision.admitted:
-            raise RateLimited(self.principal, decision)
+            raise RateLimited(self.principal, decision, self.limiter.limits.rate)
 
     def handle(self, frame: ClientFrame) -> None:
         """Act on one parsed frame (raise ProtocolError to answer with an error)."""
@@ -226,7 +276,12 @@ class GatewaySocket(AsyncWebsocketConsumer):
         """Queue a frame for sending, after everything queued before it."""
         if self._open:
             self._outbox.append(frame)
+            self._window.queued()
             self._outbox_ready.set()
+
+    def writable_changed(self, writable: bool) -> None:
+        """The socket started (``writable``) or stopped taking frames: a few are
+        pending already, or its transport's write buffer is full (DESIGN decision 14)."""
 
     def reply(self, result: Result, ref: Ref, make: Any) -> None:
         """Push ``make(result)`` as the reply, or the error frame if ``result`` is one."""
@@ -258,9 +313,19 @@ class GatewaySocket(AsyncWebsocketConsumer):
             await self._outbox_ready.wait()
             self._outbox_ready.clear()
             frames, self._outbox = self._outbox, []
+            window = self._window
             for frame in frames:
+                if window.transport_paused:
+                    # daphne's write buffer is full: the rest wait here, counted
+                    # by the window, rather than in Twisted's buffer, uncounted.
+                    await window.transport_ready.wait()
                 await self.send(text_data=frame)
+                window.sent()
             if self._close_code is not None:
+                # The close frame too: sent into a full buffer, daphne's close
+                # handshake timer would run while the client still has frames
+                # to read before it, and drop the connection (1006, not the code).
+                await window.transport_ready.wait()
                 await self.close(code=self._close_code)
                 return
 
@@ -278,30 +343,104 @@ class GatewaySocket(AsyncWebsocketConsumer):
 
     def require(self, action: Action, name: str) -> None:
         """Raise ``forbidden`` unless :meth:`allows`."""
+        if self._opening:
+            self._url_checks.add((action, name))
         if not self.allows(action, name):
             self.principal.require(action, name)
+
+    # -- token lifetime (protocol 1.1: Signed connection tokens and token lifetime)
+
+    def _watch_token(self) -> None:
+        """Close at a signed token's ``exp``; watch a stored token for revocation."""
+        principal = self.principal
+        if principal.expires_at is not None:
+            self._arm_token_expiry(principal.expires_at)
+        if principal.token_id is not None:
+            self._watched_token = principal.token_id
+            self.runtime.revocations.add(principal.token_id, self)
+
+    def _unwatch_token(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        if self._watched_token is not None:
+            self.runtime.revocations.discard(self._watched_token, self)
+            self._watched_token = None
+
+    def _arm_token_expiry(self, expires_at: float) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+        # A little after exp, never before it: asyncio may run a timer up to
+        # its clock resolution early.
+        delay = max(0.0, expires_at - time.time()) + 0.05
+        self._expiry = asyncio.get_running_loop().call_later(delay, self._token_expired)
+
+    def _token_expired(self) -> None:
+        self._expiry = None
+        self.push_close(CLOSE_TOKEN_EXPIRED)
+
+    def token_revoked(self) -> None:
+        """The stored token of this socket was revoked or deleted: close with 4401."""
+        self._watched_token = None
+        self.push_close(CLOSE_TOKEN_EXPIRED)
+
+    def refresh(self, frame: RefreshFrame) -> None:
+        """``refresh``: go on under a new signed token of the same ``sub``.
+
+        The new token's scopes apply from now on, and the socket closes at
+        its ``exp`` instead. Refused with ``forbidden``, changing nothing: a
+        socket not opened with a signed token, a new token that is invalid
+        or of another ``sub``, or one whose scopes no longer cover what the
+        socket's URL was opened for (its queue or topic; the dashboard needs
+        ``admin``).
+        """
+        old = self.principal
+        if old.subject is None:
+            raise Forbidden("only a socket opened with a signed token can be refreshed")
+        new = principal_for_signed(frame.token)
+        if new is None:
+            raise Forbidden("the new token is not a valid signed token")
+        if new.subject != old.subject:
+            raise Forbidden("the new token is for another subject")
+        lost = sorted(
+            f"{action} on {name!r}"
+            for action, name in self._url_checks
+            if not new.allows(action, name)
+        )
+        if self.kind == "dashboard" and not new.is_admin:
+            lost.append("admin")
+        if lost:
+            raise Forbidden("the new token does not allow this socket's " + ", ".join(lost))
+        assert new.expires_at is not None  # every signed token has one
+        self.principal = new
+        self._verdicts.clear()
+        self._arm_token_expiry(new.expires_at)
+        expires_in = max(0, int(new.expires_at - time.time()))
+        self.push(encode({"op": "refreshed", "expires_in": expires_in}, frame.ref))
 
     def publish(self, frame: PublishFrame) -> None:
         """PUBLISH on any socket with the scope (protocol: Publish)."""
         self.require("publish", frame.topic)
-        broadcaster = get_broadcaster()
+        broadcaster = self.runtime.broadcaster
         topic, ref = frame.topic, frame.ref
-        seq = broadcaster.publish_now(topic, frame.body_json)
-        if seq is not None:
-            self.push(encode({"op": "published", "topic": topic, "seq": seq}, ref))
+        done = broadcaster.publish_now(topic, frame.body_json)
+        if done is not None:
+            self.push(encode(_published(topic, done), ref))
             return
 
-        def landed(task: asyncio.Task[int]) -> None:
+        def landed(task: asyncio.Future[Published]) -> None:
             if task.cancelled():
                 return
             exc = task.exception()
             if exc is None:
-                self.push(encode({"op": "published", "topic": topic, "seq": task.result()}, ref))
+                self.push(encode(_published(topic, task.result()), ref))
+            elif isinstance(exc, ProtocolError):  # backpressure, or unavailable storage
+                self.push(encode_error(exc.code, exc.detail, ref))
             else:
                 log.warning("publish to %r failed: %s", topic, exc)
                 self.push(encode_error("unavailable", f"publish failed: {exc}", ref))
 
-        task = asyncio.ensure_future(broadcaster.publish(topic, frame.body_json))
+        task = broadcaster.publish(topic, [frame.body_json])
         task.add_done_callback(landed)
 
     def enqueue(
@@ -347,3 +486,14 @@ def _enqueued(results: list[EnqueueResult]) -> dict[str, Any]:
 
 def _enqueued_many(results: list[EnqueueResult]) -> dict[str, Any]:
     return {"op": "enqueued_many", "results": [r.as_json() for r in results]}
+
+
+def _published(topic: str, done: Published) -> dict[str, Any]:
+    """The ``published`` reply: ``seq`` (v1) is the offset, which grows by one per publish."""
+    return {
+        "op": "published",
+        "topic": topic,
+        "seq": done.offset,
+        "offset": done.offset,
+        "epoch": done.epoch,
+    }

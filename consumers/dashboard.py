@@ -1,4 +1,13 @@
-"""The dashboard socket ``/ws/dashboard/``: a live snapshot every second, staff only."""
+"""The dashboard socket ``/ws/dashboard/``: a live snapshot every second, and the history once.
+
+Staff only. Every second ``{"op": "snapshot", ...}`` (the first at once, as in
+v1): queues (from the database), every process's sockets and topics, the
+alerts, and the history samples the page has not seen (the closed ones since
+the last frame, and the one being filled). Right after the first snapshot,
+once, ``{"op": "history", ...}``: the last 15 minutes of rates this process
+kept (``dashboard.live.RateHistory``). History comes second so that a client
+of the v1 socket, which expects a snapshot first, still gets one.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +18,7 @@ import orjson
 from channels.db import database_sync_to_async
 
 from consumers.base import GatewaySocket
-from dashboard.live import INTERVAL, Exchange, get_exchange
+from dashboard.live import INTERVAL, Exchange, alerts
 from dashboard.operations import audit
 from gateway.errors import Forbidden, NotFound, ProtocolError
 from gateway.protocol import ClientFrame, DisconnectFrame, encode
@@ -27,7 +36,7 @@ class DashboardSocket(GatewaySocket):
     async def open(self, params: dict[str, str]) -> None:
         if not self.principal.is_admin:
             raise Forbidden("the dashboard is for staff")
-        self.exchange = get_exchange()
+        self.exchange = self.runtime.exchange
         self._audits: set[asyncio.Future[None]] = set()
 
     def opened(self) -> None:
@@ -37,17 +46,34 @@ class DashboardSocket(GatewaySocket):
         self._ticker.cancel()
 
     async def _tick(self) -> None:
+        history = self.exchange.history
+        kept = orjson.dumps({"op": "history", **history.as_json()}).decode()
+        sent = history.samples[-1]["t"] + 1 if history.samples else 0.0
         while True:
             try:
                 queues: Any = await self.exchange.queues()
             except ProtocolError as exc:
                 queues = {"error": exc.detail}
+            # The sampler's snapshots of this second, when it has taken one: a
+            # thousand sockets are described once a second, not once per page.
+            processes = self.exchange.latest or self.exchange.processes()
+            fresh = history.since(sent)
+            if fresh:
+                sent = fresh[-1]["t"] + 1
+            current = history.current()
             snapshot = {
                 "op": "snapshot",
                 "queues": queues,
-                "processes": self.exchange.processes(),
+                "processes": processes,
+                "alerts": alerts(processes, queues, self.exchange.oldest_alert),
+                "oldest_alert": self.exchange.oldest_alert,
+                "samples": [*fresh, *([current] if current else [])],
+                "labels": history.dropping_labels(),
             }
             self.push(orjson.dumps(snapshot, default=str).decode())
+            if kept:
+                self.push(kept)  # once, after the first snapshot
+                kept = ""
             await asyncio.sleep(INTERVAL)
 
     def handle(self, frame: ClientFrame) -> None:

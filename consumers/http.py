@@ -8,15 +8,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
+from channels.db import database_sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
-from consumers.limits import RateLimited, get_limiter, limit_key
+from consumers.limits import RateLimited, limit_key
 from gateway.auth import principal_for_token, principal_for_user, token_from_headers
-from gateway.broadcast import get_broadcaster
 from gateway.conf import gateway_settings
-from gateway.engine import get_engine
 from gateway.errors import (
     BadFrame,
     Forbidden,
@@ -33,6 +32,7 @@ from gateway.protocol import (
     decode_object,
     parse_enqueue_spec,
 )
+from gateway.runtime import current_runtime
 from gateway.scopes import Principal
 from gateway.store import (
     AbortTxn,
@@ -49,6 +49,7 @@ from gateway.store import (
     Stats,
 )
 from gateway.store.ops import BrowseState
+from gateway.topic_settings import load_topic_settings, save_topic_settings
 
 __all__ = [
     "healthz",
@@ -59,6 +60,8 @@ __all__ = [
     "queue_purge",
     "queue_redrive",
     "stats",
+    "topic_detail",
+    "topic_history",
     "topic_messages",
     "txn_abort",
     "txn_commit",
@@ -115,9 +118,10 @@ def _charge(principal: Principal, cost: int) -> None:
     """Charge ``cost`` messages to the caller's rate, or raise ``backpressure`` (429)."""
     if cost <= 0:
         return
-    decision = get_limiter().admit(limit_key(principal), cost)
+    limiter = current_runtime().limiter
+    decision = limiter.admit(limit_key(principal), cost)
     if not decision.admitted:
-        raise RateLimited(principal, decision)
+        raise RateLimited(principal, decision, limiter.limits.rate)
 
 
 def api(*methods: str) -> Callable[[View], View]:
@@ -172,6 +176,20 @@ async def _audit(principal: Principal, queue: str, message: str) -> None:
     await database_sync_to_async(record)()
 
 
+async def _audit_topic(principal: Principal, topic: str, message: str) -> None:
+    """A staff user's change to a topic goes to Django's admin log."""
+    if principal.user_id is None:
+        return
+    from dashboard.operations import audit
+    from gateway.models import Topic
+
+    def record() -> None:
+        row = Topic.objects.filter(name=topic).first()
+        audit(principal.user_id, row if row is not None else f"topic {topic}", message)
+
+    await database_sync_to_async(record)()
+
+
 def _messages(data: dict[str, Any], *, allow_empty: bool) -> list[EnqueueSpec]:
     """The validated ``messages`` list of a request body; errors name the index."""
     messages = data.get("messages")
@@ -206,7 +224,7 @@ async def queue_messages(request: HttpRequest, principal: Principal, queue: str)
     principal.require("enqueue", queue)
     specs = _messages(_body(request), allow_empty=False)
     _charge(principal, len(specs) - 1)  # the request paid for one
-    results = await get_engine().call(Enqueue(queue, specs))
+    results = await current_runtime().engine.call(Enqueue(queue, specs))
     return _json({"results": [r.as_json() for r in results]})
 
 
@@ -218,7 +236,7 @@ async def queue_detail(request: HttpRequest, principal: Principal, queue: str) -
     answers the ``GET`` document. Invalid values change nothing.
     """
     check_name(queue)
-    engine = get_engine()
+    engine = current_runtime().engine
     if request.method == "PATCH":
         principal.require("admin")
         changes = _body(request) if request.body else {}
@@ -258,7 +276,7 @@ async def _browse(request: HttpRequest, principal: Principal, queue: str) -> Htt
     after = _query_int(request, "after", None)
     if after is not None and not 0 <= after < 2**63:
         raise Invalid("after must be a message id")
-    page = await get_engine().call(Browse(queue, state, limit, after))
+    page = await current_runtime().engine.call(Browse(queue, state, limit, after))
     return _json(page.as_json())
 
 
@@ -275,7 +293,7 @@ async def message_requeue(
     """Requeue one dead or in-flight message, its delivery count reset (scope ``admin``)."""
     check_name(queue)
     principal.require("admin")
-    requeued = await get_engine().call(RequeueMessage(queue, _message_id(msg_id)))
+    requeued = await current_runtime().engine.call(RequeueMessage(queue, _message_id(msg_id)))
     await _audit(principal, queue, f"Requeued message {msg_id} (API): {requeued} changed.")
     return _json({"requeued": requeued})
 
@@ -287,7 +305,7 @@ async def message_detail(
     """Delete one message in any state (scope ``admin``)."""
     check_name(queue)
     principal.require("admin")
-    deleted = await get_engine().call(DeleteMessage(queue, _message_id(msg_id)))
+    deleted = await current_runtime().engine.call(DeleteMessage(queue, _message_id(msg_id)))
     await _audit(principal, queue, f"Deleted message {msg_id} (API).")
     return _json({"deleted": deleted})
 
@@ -297,7 +315,7 @@ async def queue_purge(request: HttpRequest, principal: Principal, queue: str) ->
     """Delete every message that is not in flight (scope ``admin``)."""
     check_name(queue)
     principal.require("admin")
-    purged = await get_engine().call(Purge(queue))
+    purged = await current_runtime().engine.call(Purge(queue))
     await _audit(principal, queue, f"Purged {purged} messages (dashboard or API).")
     return _json({"purged": purged})
 
@@ -307,23 +325,77 @@ async def queue_redrive(request: HttpRequest, principal: Principal, queue: str) 
     """Move every dead message back to visible (scope ``admin``)."""
     check_name(queue)
     principal.require("admin")
-    redriven = await get_engine().call(Redrive(queue))
+    redriven = await current_runtime().engine.call(Redrive(queue))
     await _audit(principal, queue, f"Redrove {redriven} dead messages (dashboard or API).")
     return _json({"redriven": redriven})
 
 
 @api("POST")
 async def topic_messages(request: HttpRequest, principal: Principal, topic: str) -> HttpResponse:
-    """Publish a batch to a topic, in order (protocol: Publish)."""
+    """Publish a batch to a topic, in order (protocol: Publish).
+
+    The batch is one publish to the broadcaster: a subscriber keeping up
+    receives it in as few ``messages`` frames as its credit allows.
+    """
     check_name(topic, "topic")
     principal.require("publish", topic)
     bodies = [spec.body_json for spec in _messages(_body(request), allow_empty=False)]
     _charge(principal, len(bodies) - 1)  # the request paid for one
-    broadcaster = get_broadcaster()
-    for body in bodies:
-        if broadcaster.publish_now(topic, body) is None:
-            await broadcaster.publish(topic, body)
+    # The reply stays v1's: the offsets are in GET /api/topics/TOPIC.
+    await current_runtime().broadcaster.publish(topic, bodies)
     return _json({"published": len(bodies)})
+
+
+async def _topic_document(topic: str) -> dict[str, Any]:
+    broadcaster = current_runtime().broadcaster
+    settings = await broadcaster.settings.get(topic)
+    head = await broadcaster.head(topic)
+    return {"name": topic, **settings.as_json(), "epoch": head.epoch, "offset": head.offset}
+
+
+@api("GET", "PATCH")
+async def topic_detail(request: HttpRequest, principal: Principal, topic: str) -> HttpResponse:
+    """GET (scope ``subscribe`` or ``publish`` on it): the topic's settings, epoch and offset.
+
+    PATCH (scope ``admin``): change ``history_size`` / ``history_ttl``;
+    answers the ``GET`` document. Invalid values are 400 and change nothing.
+    """
+    check_name(topic, "topic")
+    if request.method == "PATCH":
+        principal.require("admin")
+        changes = _body(request) if request.body else {}
+        cache = current_runtime().broadcaster.settings
+        current = await database_sync_to_async(load_topic_settings)(topic)
+        settings = current.changed(changes)
+        await database_sync_to_async(save_topic_settings)(topic, settings)
+        cache.put(topic, settings)  # at once on this process
+        await _audit_topic(principal, topic, f"Changed settings: {orjson.dumps(changes).decode()}.")
+        return _json(await _topic_document(topic))
+    if not principal.allows("subscribe", topic):
+        principal.require("publish", topic)
+    return _json(await _topic_document(topic))
+
+
+@api("GET")
+async def topic_history(request: HttpRequest, principal: Principal, topic: str) -> HttpResponse:
+    """The kept messages after ``since`` (exclusive), oldest first (scope ``subscribe``)."""
+    check_name(topic, "topic")
+    principal.require("subscribe", topic)
+    since = _query_int(request, "since", None)
+    if since is not None and not 0 <= since < 2**63:
+        raise Invalid("since must be an offset >= 0")
+    limit = _query_int(request, "limit", 100)
+    assert limit is not None
+    if not 1 <= limit <= 1000:
+        raise Invalid(f"limit must be 1..1000, got {limit}")
+    head, entries = await current_runtime().broadcaster.history(topic, since, limit)
+    items = b",".join(b'{"offset":%d,"body":%s}' % (e.offset, e.body) for e in entries)
+    document = b'{"epoch":%s,"offset":%d,"items":[%s]}' % (
+        orjson.dumps(head.epoch),
+        head.offset,
+        items,
+    )
+    return HttpResponse(document, content_type="application/json")
 
 
 def _check_txn(txn: str) -> str:
@@ -343,7 +415,7 @@ async def txn_partition(
     principal.require("enqueue", queue)
     specs = _messages(data, allow_empty=True)  # a partition may stage nothing
     _charge(principal, len(specs) - 1)  # the request paid for one
-    result = await get_engine().call(Stage(txn, partition, queue, specs))
+    result = await current_runtime().engine.call(Stage(txn, partition, queue, specs))
     return _json({"staged": result.messages, "state": result.state, "already": result.already})
 
 
@@ -373,7 +445,7 @@ async def txn_commit(request: HttpRequest, principal: Principal, txn: str) -> Ht
     """Make everything staged under ``txn`` visible at once; idempotent."""
     _check_txn(txn)
     _may_enqueue_somewhere(principal)
-    result = await get_engine().call(CommitTxn(txn, _commit_partitions(request)))
+    result = await current_runtime().engine.call(CommitTxn(txn, _commit_partitions(request)))
     return _json({"committed": result.messages, "already": result.already})
 
 
@@ -382,7 +454,7 @@ async def txn_abort(request: HttpRequest, principal: Principal, txn: str) -> Htt
     """Discard what is staged under ``txn``."""
     _check_txn(txn)
     _may_enqueue_somewhere(principal)
-    result = await get_engine().call(AbortTxn(txn))
+    result = await current_runtime().engine.call(AbortTxn(txn))
     return _json({"aborted": result.messages, "already": result.already})
 
 
@@ -390,12 +462,12 @@ async def txn_abort(request: HttpRequest, principal: Principal, txn: str) -> Htt
 async def stats(request: HttpRequest, principal: Principal) -> HttpResponse:
     """Queues and every connected socket of this process (scope ``admin``)."""
     principal.require("admin")
-    engine = get_engine()
+    engine = current_runtime().engine
     data: dict[str, Any] = {"queues": [s.as_json() for s in await engine.call(AllStats())]}
-    broadcaster = get_broadcaster()
+    broadcaster = current_runtime().broadcaster
     data["topics"] = broadcaster.describe_topics()
     data["sockets"] = [socket.describe() for socket in engine.sockets]
-    limiter = get_limiter()
+    limiter = current_runtime().limiter
     data["process"] = engine.describe() | {
         "slow_consumers_closed": broadcaster.slow_consumers_closed,
         "relay": broadcaster.relay_figures(),

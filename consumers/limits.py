@@ -11,37 +11,24 @@ answers 429 with ``Retry-After`` (docs/protocol.md, Leasecast additions).
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Hashable
 from typing import Any
 
-from gateway.conf import gateway_settings
 from gateway.errors import Backpressure
 from gateway.protocol import AckFrame, AckManyFrame, ClientFrame, CreditFrame, EnqueueManyFrame
-from gateway.ratelimit import Decision, TokenLimiter
+from gateway.ratelimit import Decision
 from gateway.scopes import Principal
 
 __all__ = [
     "CLOSE_TOO_MANY_SOCKETS",
     "RateLimited",
     "frame_cost",
-    "get_limiter",
     "limit_key",
     "too_many_sockets",
 ]
 
 #: Close code of a socket refused for its token's socket limit (as HTTP 429).
 CLOSE_TOO_MANY_SOCKETS = 4429
-
-_limiter: TokenLimiter | None = None
-
-
-def get_limiter() -> TokenLimiter:
-    """This process's limiter (the settings are read once)."""
-    global _limiter
-    if _limiter is None:
-        _limiter = TokenLimiter(gateway_settings().token_limits, time.monotonic)
-    return _limiter
 
 
 def limit_key(principal: Principal) -> Hashable:
@@ -71,13 +58,13 @@ def frame_cost(frame: ClientFrame) -> int:
 class RateLimited(Backpressure):
     """``backpressure`` for a caller over its message rate, with the wait."""
 
-    def __init__(self, principal: Principal, decision: Decision) -> None:
-        rate = get_limiter().limits.rate
+    def __init__(self, principal: Principal, decision: Decision, rate: float) -> None:
         super().__init__(
             f"{principal.name!r} is over its rate of {rate:g} messages/s "
             f"(GATEWAY_TOKEN_RATE); nothing was applied; retry in {decision.retry_after:.3f} s"
         )
         self.retry_after = decision.retry_after
+        self.wait: float = decision.retry_after
 
     def frame(self) -> dict[str, Any]:
         """The error frame, with the extension field ``retry_after`` (seconds)."""
@@ -85,17 +72,16 @@ class RateLimited(Backpressure):
             "op": "error",
             "code": self.code,
             "detail": self.detail,
-            "retry_after": round(self.retry_after, 3),
+            "retry_after": round(self.wait, 3),
         }
 
     def retry_after_header(self) -> str:
         """``Retry-After``: whole seconds, at least 1."""
-        return str(max(1, math.ceil(self.retry_after)))
+        return str(max(1, math.ceil(self.wait)))
 
 
-def too_many_sockets(principal: Principal) -> Backpressure:
-    """``backpressure`` for a socket over its token's socket limit."""
-    limit = get_limiter().limits.max_sockets
+def too_many_sockets(principal: Principal, limit: int) -> Backpressure:
+    """``backpressure`` for a socket over its token's socket limit (``limit`` sockets)."""
     return Backpressure(
         f"{principal.name!r} already holds {limit} sockets on this gateway process "
         "(GATEWAY_TOKEN_MAX_SOCKETS); close one and retry"

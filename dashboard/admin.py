@@ -1,4 +1,4 @@
-"""The Django admin: queues, messages and tokens, with the operator actions.
+"""The Django admin: queues, messages, topics and tokens, with the operator actions.
 
 Every action is recorded in Django's admin log (LogEntry) with what it did.
 """
@@ -18,8 +18,9 @@ from django.utils.html import format_html, format_html_join
 
 from dashboard import operations
 from gateway.errors import Invalid, ProtocolError
+from gateway.history import DEFAULT_TOPIC_SETTINGS
 from gateway.leases import DEFAULT_QUEUE_SETTINGS, StoredState, observed_state
-from gateway.models import Message, Queue, TaskRecord, Token, hash_token
+from gateway.models import Message, Queue, TaskRecord, Token, Topic, hash_token
 from gateway.scopes import parse_scope
 
 # ModelAdmin[Queue] and ModelForm[Token] are subscripted at run time: in a host
@@ -93,6 +94,39 @@ class QueueAdmin(admin.ModelAdmin[Queue]):
             n = operations.redrive(queue)
             self.log_change(request, queue, f"Redrove {n} dead messages.")
             self.message_user(request, f"{queue.name}: redrove {n} dead messages.")
+
+
+class TopicForm(forms.ModelForm[Topic]):
+    """Topic history settings, checked by the same rules as ``PATCH /api/topics/TOPIC``."""
+
+    class Meta:
+        model = Topic
+        fields = ("name", "history_size", "history_ttl")
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        settings = {
+            name: data[name]
+            for name in ("history_size", "history_ttl")
+            if data.get(name) is not None
+        }
+        try:
+            DEFAULT_TOPIC_SETTINGS.changed(settings)
+        except ProtocolError as exc:
+            raise forms.ValidationError(exc.detail) from exc
+        return data
+
+
+@admin.register(Topic)
+class TopicAdmin(admin.ModelAdmin[Topic]):
+    """A topic's stored settings. A topic needs no row to be used (defaults: no
+    history); its offsets and epoch are shown by ``GET /api/topics/TOPIC`` and the
+    live dashboard. Changes apply on every process within GATEWAY_QUEUE_SETTINGS_TTL."""
+
+    form = TopicForm
+    list_display = ("name", "history_size", "history_ttl")
+    search_fields = ("name",)
+    readonly_fields = ("created_at",)
 
 
 class StateFilter(admin.SimpleListFilter):

@@ -1,25 +1,43 @@
-"""Live state for the dashboard: this process's snapshot, and the other processes'.
+"""Live state for the dashboard: this process's snapshot, the other processes', and history.
 
 Every second each gateway process that runs with a cross-process channel
 layer (``REDIS_URL``) sends its snapshot (sockets, topics, queue counters) to
 the group ``leasecast.dashboard``; every process keeps the latest snapshot of
 each peer, so a dashboard served by any process shows all of them, labelled.
 Queue counts come from the shared database, once, from the serving process.
+
+Every process also keeps the last 15 minutes of rates (:class:`RateHistory`),
+computed once a second from those same snapshots (its own and its peers'), so
+a dashboard opened on any process draws history at once. No engine hook is
+needed: queue rates are differences of the counters ``/api/stats`` carries,
+topic and consumer rates are the subscribers' own one-second meters.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.broadcast import get_broadcaster
-from gateway.engine import Engine, get_engine
-from gateway.layer import get_process_channel
+from gateway.broadcast import Broadcaster
+from gateway.conf import gateway_settings
+from gateway.engine import Engine
+from gateway.layer import ProcessChannel
+from gateway.metrics import local_queue_counters
 from gateway.store import AllStats
 
-__all__ = ["Exchange", "get_exchange", "process_snapshot"]
+__all__ = [
+    "BUCKET",
+    "Exchange",
+    "RateHistory",
+    "alerts",
+    "drop_ratio",
+    "process_snapshot",
+]
 
 log = logging.getLogger("leasecast.dashboard")
 
@@ -29,17 +47,220 @@ INTERVAL = 1.0
 STALE_AFTER = 5.0
 #: Close code for a socket an operator disconnected.
 CLOSE_BY_OPERATOR = 4000
+#: Seconds per history sample, and samples kept: 15 minutes. Five-second
+#: samples keep the first frame of a page with 200 queues well under a
+#: megabyte (180 samples, not 900); the open sample is sent every second.
+BUCKET = 5
+KEEP = 180
+#: Series per queue and per topic, in the order each sample's lists hold them.
+QUEUE_SERIES = ("enqueued", "acked", "redelivered", "dead_lettered")
+TOPIC_SERIES = ("published", "delivered", "dropped")
+#: A consumer dropping more than this share of its messages is an alert.
+DROP_ALERT = 0.01
 
 
-def process_snapshot(engine: Engine) -> dict[str, Any]:
+def drop_ratio(socket: dict[str, Any]) -> float:
+    """The share of a subscriber's messages dropped over its meters' last seconds."""
+    rate, drops = float(socket.get("rate") or 0.0), float(socket.get("drop_rate") or 0.0)
+    total = rate + drops
+    return drops / total if total > 0 else 0.0
+
+
+def consumer_key(process: str, socket: dict[str, Any]) -> str:
+    """A subscriber socket's name across processes: ``PROCESS/ID``."""
+    return f"{process}/{socket['id']}"
+
+
+def alerts(
+    processes: list[dict[str, Any]], queues: Any, oldest_threshold: float
+) -> list[dict[str, Any]]:
+    """Every consumer above 1% drops and every queue whose oldest visible message is too old.
+
+    Consumers first, worst first; then queues, oldest first.
+    """
+    found: list[dict[str, Any]] = []
+    for process in processes:
+        for socket in process.get("sockets", ()):
+            if socket.get("kind") != "subscriber":
+                continue
+            ratio = drop_ratio(socket)
+            if ratio > DROP_ALERT:
+                found.append(
+                    {
+                        "kind": "consumer",
+                        "consumer": consumer_key(process["name"], socket),
+                        "process": process["name"],
+                        "socket": socket["id"],
+                        "topic": socket.get("topic"),
+                        "client": socket.get("client"),
+                        "policy": socket.get("policy"),
+                        "drop_ratio": ratio,
+                        "drop_rate": socket.get("drop_rate", 0.0),
+                    }
+                )
+    found.sort(key=lambda a: -a["drop_ratio"])
+    stale = [
+        {
+            "kind": "queue",
+            "queue": q["name"],
+            "oldest_visible_age": q["oldest_visible_age"],
+            "visible": q.get("visible", 0),
+            "threshold": oldest_threshold,
+        }
+        for q in (queues if isinstance(queues, list) else ())
+        if (q.get("oldest_visible_age") or 0.0) > oldest_threshold
+    ]
+    stale.sort(key=lambda a: -a["oldest_visible_age"])
+    return found + stale
+
+
+@dataclass
+class _Open:
+    """The sample being filled: sums of one-second rates, and how many seconds."""
+
+    t: int
+    seconds: int = 0
+    queues: dict[str, list[float]] = field(default_factory=dict)
+    topics: dict[str, list[float]] = field(default_factory=dict)
+    consumers: dict[str, float] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        n = max(1, self.seconds)
+
+        def avg(values: list[float]) -> list[float]:
+            return [round(v / n, 3) for v in values]
+
+        return {
+            "t": self.t,
+            "seconds": self.seconds,
+            "queues": {q: avg(v) for q, v in self.queues.items()},
+            "topics": {t: avg(v) for t, v in self.topics.items()},
+            # Only consumers that dropped: most never do, and 1,000 zeros a sample add up.
+            "consumers": {c: round(v / n, 4) for c, v in self.consumers.items() if v > 0},
+        }
+
+
+class RateHistory:
+    """Rates per queue, topic and consumer over the last 15 minutes, in 5-second samples.
+
+    :meth:`observe` takes the processes' snapshots once a second. A queue's
+    rates are the growth of its counters, summed over processes (a process
+    that restarted starts from zero again, so a counter that fell counts from
+    zero); a topic's deliveries and drops are its subscribers' meters summed
+    over processes, its publishes the highest publish meter of any process
+    (a publish relayed to every process is counted by each). Each sample is
+    the average of the seconds it saw. A pure core: the clock is passed in.
+    """
+
+    def __init__(self, keep: int = KEEP, bucket: int = BUCKET) -> None:
+        self.bucket = bucket
+        self.samples: deque[dict[str, Any]] = deque(maxlen=keep)
+        self.labels: dict[str, dict[str, Any]] = {}
+        self._open: _Open | None = None
+        self._counters: dict[str, tuple[float, dict[str, dict[str, int]]]] = {}
+
+    def observe(self, processes: list[dict[str, Any]], now: float) -> None:
+        """Add one second of rates from every process's latest snapshot."""
+        start = int(now // self.bucket * self.bucket)
+        if self._open is not None and self._open.t != start:
+            self.samples.append(self._open.as_json())
+            self._open = None
+        if self._open is None:
+            self._open = _Open(start)
+        sample = self._open
+        sample.seconds += 1
+        queues: dict[str, list[float]] = {}
+        topics: dict[str, list[float]] = {}
+        live: set[str] = set()
+        for process in processes:
+            name = process["name"]
+            counters: dict[str, dict[str, int]] = process.get("counters") or {}
+            taken = float(process.get("time", now))
+            before = self._counters.get(name)
+            # A copy: the process's own counters are a live dict that keeps growing.
+            self._counters[name] = (taken, {q: dict(c) for q, c in counters.items()})
+            if before is not None and taken > before[0]:
+                dt = taken - before[0]
+                for queue, now_counts in counters.items():
+                    old = before[1].get(queue, {})
+                    row = queues.setdefault(queue, [0.0] * len(QUEUE_SERIES))
+                    for i, key in enumerate(QUEUE_SERIES):
+                        a, b = now_counts.get(key, 0), old.get(key, 0)
+                        row[i] += (a - b if a >= b else a) / dt
+            for topic in process.get("topics", ()):
+                row = topics.setdefault(topic["name"], [0.0] * len(TOPIC_SERIES))
+                row[0] = max(row[0], float(topic.get("publish_rate") or 0.0))
+            for socket in process.get("sockets", ()):
+                if socket.get("kind") != "subscriber":
+                    continue
+                row = topics.setdefault(socket["topic"], [0.0] * len(TOPIC_SERIES))
+                row[1] += float(socket.get("rate") or 0.0)
+                row[2] += float(socket.get("drop_rate") or 0.0)
+                key = consumer_key(name, socket)
+                live.add(key)
+                sample.consumers[key] = sample.consumers.get(key, 0.0) + drop_ratio(socket)
+                self.labels[key] = {
+                    "process": name,
+                    "socket": socket["id"],
+                    "topic": socket["topic"],
+                    "client": socket.get("client"),
+                    "policy": socket.get("policy"),
+                }
+        gone = {p["name"] for p in processes}
+        for name in [n for n in self._counters if n not in gone]:
+            del self._counters[name]
+        for into, rates in ((sample.queues, queues), (sample.topics, topics)):
+            for name, values in rates.items():
+                total = into.setdefault(name, [0.0] * len(values))
+                for i, v in enumerate(values):
+                    total[i] += v
+        # The heatmap shows connected consumers: forget the label of one that left.
+        for key in [k for k in self.labels if k not in live]:
+            del self.labels[key]
+
+    def dropping_labels(self) -> dict[str, dict[str, Any]]:
+        """Labels of the connected consumers that dropped in the window (the heatmap's rows).
+
+        Not every subscriber's: with a thousand subscribers that would be most
+        of each second's frame, for rows the page never draws.
+        """
+        keys: set[str] = set()
+        for sample in self.samples:
+            keys.update(sample["consumers"])
+        if self._open is not None:
+            keys.update(k for k, v in self._open.consumers.items() if v > 0)
+        return {k: v for k, v in self.labels.items() if k in keys}
+
+    def current(self) -> dict[str, Any] | None:
+        """The sample still being filled (the newest seconds)."""
+        return None if self._open is None else self._open.as_json()
+
+    def since(self, t: float) -> list[dict[str, Any]]:
+        """Closed samples that started at or after ``t``."""
+        return [s for s in self.samples if s["t"] >= t]
+
+    def as_json(self) -> dict[str, Any]:
+        """Everything kept, for a page that just opened."""
+        current = self.current()
+        return {
+            "bucket": self.bucket,
+            "keep": self.samples.maxlen,
+            "queue_series": QUEUE_SERIES,
+            "topic_series": TOPIC_SERIES,
+            "samples": [*self.samples, *([current] if current else [])],
+        }
+
+
+def process_snapshot(engine: Engine, broadcaster: Broadcaster) -> dict[str, Any]:
     """This process's live state (no database query)."""
-    broadcaster = get_broadcaster()
     return {
         **engine.describe(),
         "time": time.time(),
         "slow_consumers_closed": broadcaster.slow_consumers_closed,
         "relay": broadcaster.relay_figures(),
-        "counters": engine.counters,
+        # What this process's store transactions counted, whichever path
+        # enqueued (staged commits and operators' requeues too): gateway.metrics.
+        "counters": local_queue_counters(),
         "topics": broadcaster.describe_topics(),
         "sockets": [socket.describe() for socket in engine.sockets],
     }
@@ -48,15 +269,45 @@ def process_snapshot(engine: Engine) -> dict[str, Any]:
 class Exchange:
     """Shares snapshots and disconnect requests between gateway processes."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(
+        self, engine: Engine, broadcaster: Broadcaster, channel: ProcessChannel | None
+    ) -> None:
         self.engine = engine
+        self.broadcaster = broadcaster
         self.peers: dict[str, dict[str, Any]] = {}
-        self.channel = get_process_channel()
+        self.history = RateHistory()
+        #: the processes' snapshots as the history last saw them (one a second)
+        self.latest: list[dict[str, Any]] = []
+        self.channel = channel
+        loop = asyncio.get_running_loop()
+        self._sampler = loop.create_task(self._sample_loop())
         if self.channel is not None:
             self.channel.on("dashboard.", self._handle)
-            loop = asyncio.get_running_loop()
             self._joining = loop.create_task(self.channel.join(GROUP))
             self._sender = loop.create_task(self._send_loop())
+
+    def close(self) -> None:
+        """Stop sampling and sending."""
+        tasks = (self._sampler, getattr(self, "_joining", None), getattr(self, "_sender", None))
+        for task in tasks:
+            if task is not None:
+                task.cancel()
+
+    async def _sample_loop(self) -> None:
+        """Once a second: every process's snapshot into the rate history."""
+        while True:
+            # On the second boundary, so each sample's seconds line up with the meters'.
+            await asyncio.sleep(INTERVAL - math.fmod(time.time(), INTERVAL) + 0.01)
+            try:
+                self.latest = self.processes()
+                self.history.observe(self.latest, time.time())
+            except Exception:  # a bad peer snapshot must not stop the history
+                log.exception("dashboard history sample failed")
+
+    @property
+    def oldest_alert(self) -> float:
+        """Seconds an oldest visible message may wait before its queue is an alert."""
+        return gateway_settings().dashboard_oldest_alert
 
     async def _handle(self, message: dict[str, Any]) -> None:
         if message["type"] == "dashboard.snapshot":
@@ -73,8 +324,9 @@ class Exchange:
         while True:
             await asyncio.sleep(INTERVAL)
             try:
+                snapshot = process_snapshot(self.engine, self.broadcaster)
                 await self.channel.layer.group_send(
-                    GROUP, {"type": "dashboard.snapshot", "snapshot": process_snapshot(self.engine)}
+                    GROUP, {"type": "dashboard.snapshot", "snapshot": snapshot}
                 )
             except Exception as exc:
                 log.debug("dashboard exchange send failed: %s", exc)
@@ -83,7 +335,8 @@ class Exchange:
         """This process's snapshot and every peer heard from recently."""
         now = time.time()
         fresh = [p for p in self.peers.values() if now - p["time"] < STALE_AFTER]
-        return [process_snapshot(self.engine), *sorted(fresh, key=lambda p: p["name"])]
+        here = process_snapshot(self.engine, self.broadcaster)
+        return [here, *sorted(fresh, key=lambda p: p["name"])]
 
     def disconnect_local(self, sid: int) -> bool:
         """Close one socket of this process; True if it was found."""
@@ -107,15 +360,3 @@ class Exchange:
     async def queues(self) -> list[dict[str, Any]]:
         """Counts per queue from the database (shared by every process)."""
         return [stats.as_json() for stats in await self.engine.call(AllStats())]
-
-
-_exchanges: dict[asyncio.AbstractEventLoop, Exchange] = {}
-
-
-def get_exchange() -> Exchange:
-    """The exchange of the running loop's gateway process."""
-    loop = asyncio.get_running_loop()
-    exchange = _exchanges.get(loop)
-    if exchange is None:
-        exchange = _exchanges[loop] = Exchange(get_engine())
-    return exchange

@@ -1,7 +1,9 @@
 """Leasecast's broker: the Django app, the standalone project, and its engine.
 
-Importing this package imports nothing from Django, so ``gateway.client``,
-``gateway.protocol`` and ``gateway.errors`` work in plain Python programs.
+Importing this package imports nothing from Django, so ``gateway.protocol``
+and ``gateway.errors`` (and the old name of the Python client,
+``gateway.client``, now the ``leasecast`` distribution in ``clients/python/``)
+work in plain Python programs.
 ``gateway.enqueue`` and ``gateway.aenqueue`` (``gateway.producer``) are
 loaded on first use.
 """

@@ -18,6 +18,7 @@ from __future__ import annotations
 from django.urls import URLPattern, path
 
 from consumers import http
+from consumers import metrics as metrics_views
 from dashboard import views as dashboard_views
 
 __all__ = ["api_urlpatterns", "dashboard_urlpatterns", "urlpatterns"]
@@ -26,6 +27,7 @@ __all__ = ["api_urlpatterns", "dashboard_urlpatterns", "urlpatterns"]
 api_urlpatterns: list[URLPattern] = [
     path("healthz", http.healthz),
     path("api/stats", http.stats),  # type: ignore[arg-type]
+    path("metrics", metrics_views.metrics),
     path("api/queues/<str:queue>", http.queue_detail),  # type: ignore[arg-type]
     path("api/queues/<str:queue>/messages", http.queue_messages),  # type: ignore[arg-type]
     path(
@@ -38,7 +40,9 @@ api_urlpatterns: list[URLPattern] = [
     ),
     path("api/queues/<str:queue>/purge", http.queue_purge),  # type: ignore[arg-type]
     path("api/queues/<str:queue>/redrive", http.queue_redrive),  # type: ignore[arg-type]
+    path("api/topics/<str:topic>", http.topic_detail),  # type: ignore[arg-type]
     path("api/topics/<str:topic>/messages", http.topic_messages),  # type: ignore[arg-type]
+    path("api/topics/<str:topic>/history", http.topic_history),  # type: ignore[arg-type]
     path(
         "api/transactions/<str:txn>/partitions/<int:partition>",
         http.txn_partition,  # type: ignore[arg-type]

@@ -1,8 +1,19 @@
 """Who is calling: bearer tokens and staff sessions (protocol: Authentication).
 
-Tokens are looked up by their SHA-256 (only the hash is stored) and cached for
-``GATEWAY_TOKEN_CACHE_TTL`` seconds, so a revocation takes effect within that
-time. A logged-in staff user is an admin principal.
+Stored tokens are looked up by their SHA-256 (only the hash is stored) and
+cached for ``GATEWAY_TOKEN_CACHE_TTL`` seconds (default 5), so a revocation
+reaches HTTP requests within that time. Signed tokens (JWT, :mod:`gateway.tokens`)
+are checked on every use and never cached: nothing about them is stored. A
+logged-in staff user is an admin principal.
+
+Token lifetime on sockets (protocol 1.1: Signed connection tokens and token
+lifetime): a socket of a signed token closes itself at its ``exp``
+(``consumers.base``); a socket of a stored token is watched by
+:class:`RevocationWatch` (one per process, in its runtime), which asks the database every
+``GATEWAY_TOKEN_CHECK_INTERVAL`` seconds (default 2) whether the stored tokens
+of this process's sockets still stand. The database is shared by every
+gateway process, so a revocation made anywhere (the admin, ``manage.py
+revoke_token``) closes the sockets of every process, without Redis.
 
 A socket without a token is a browser's, authenticated by the session
 cookie, which the browser sends to the gateway whatever page opened the
@@ -14,10 +25,11 @@ token is the proof, and non-browser clients send no Origin at all.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from channels.auth import AuthMiddlewareStack
@@ -25,13 +37,19 @@ from channels.db import database_sync_to_async
 from django.http.request import split_domain_port, validate_host
 
 from gateway.conf import gateway_settings
+from gateway.errors import Unauthorized
 from gateway.models import Token, hash_token
 from gateway.scopes import Principal
+from gateway.tokens import is_signed_token, principal_for_claims, verify_signed_token
 
 __all__ = [
     "PRINCIPAL_KEY",
+    "RevocationWatch",
     "TokenAuthMiddleware",
+    "Watched",
+    "forget_tokens",
     "origin_allowed",
+    "principal_for_signed",
     "principal_for_token",
     "principal_for_user",
     "token_from_headers",
@@ -45,8 +63,43 @@ PRINCIPAL_KEY = "leasecast.principal"
 _cache: dict[str, tuple[float, Principal | None]] = {}
 
 
+#: When the missing signing key was last logged (once a minute at most, not once a request).
+_no_key_logged = [-1e9]
+
+
+def principal_for_signed(secret: str) -> Principal | None:
+    """The principal of a signed token, or None if it is refused (no I/O).
+
+    Refusals are logged at debug level with their reason (the token itself
+    is never logged); a gateway without ``GATEWAY_SIGNING_KEY`` says so at
+    warning level, at most once a minute.
+    """
+    key = gateway_settings().signing_key
+    try:
+        claims = verify_signed_token(secret, key.encode())
+    except Unauthorized as exc:
+        now = time.monotonic()
+        if not key and now - _no_key_logged[0] > 60:
+            _no_key_logged[0] = now
+            log.warning(
+                "refused a signed token: GATEWAY_SIGNING_KEY is not set, so signed "
+                "tokens are off (set it to the key the application signs with)"
+            )
+        else:
+            log.debug("refused a signed token: %s", exc.detail)
+        return None
+    return principal_for_claims(claims)
+
+
 def principal_for_token(secret: str) -> Principal | None:
-    """The principal of a token, or None if it is unknown or revoked (sync; hits the DB)."""
+    """The principal of a token, or None if it is unknown, revoked or refused.
+
+    A signed token (a JWT) is checked by :func:`principal_for_signed`; any
+    other secret is a stored token, looked up by its hash (sync; hits the DB
+    unless cached).
+    """
+    if is_signed_token(secret):
+        return principal_for_signed(secret)
     digest = hash_token(secret)
     now = time.monotonic()
     hit = _cache.get(digest)
@@ -165,10 +218,121 @@ class TokenAuthMiddleware:
                     )
                 return await self.inner({**scope, PRINCIPAL_KEY: None}, receive, send)
             return await self.session_stack(scope, receive, send)
-        principal = await database_sync_to_async(principal_for_token)(secret)
+        if is_signed_token(secret):
+            # Pure CPU (an HMAC): no thread hop for the database.
+            principal = principal_for_signed(secret)
+        else:
+            principal = await database_sync_to_async(principal_for_token)(secret)
         return await self.inner({**scope, PRINCIPAL_KEY: principal}, receive, send)
 
 
 def websocket_auth_stack(inner: Any) -> Any:
     """Token auth, falling back to session auth (for staff in a browser)."""
     return TokenAuthMiddleware(inner)
+
+
+# -- revocation of stored tokens (protocol 1.1: token lifetime)
+
+
+class Watched(Protocol):
+    """A socket a :class:`RevocationWatch` watches: told once when its stored token is revoked."""
+
+    def token_revoked(self) -> None:
+        """Close the socket (4401): its token was revoked or deleted."""
+
+
+def forget_tokens(token_ids: Iterable[int]) -> None:
+    """Drop these stored tokens from the lookup cache, so HTTP refuses them at once."""
+    gone = set(token_ids)
+    for digest, (_at, principal) in list(_cache.items()):
+        if principal is not None and principal.token_id in gone:
+            _cache.pop(digest, None)
+
+
+def _standing(token_ids: list[int]) -> set[int]:
+    """Which of these stored tokens still exist and are not revoked (one query)."""
+    rows = Token.objects.filter(pk__in=token_ids, revoked_at__isnull=True).values_list(
+        "pk", flat=True
+    )
+    return set(rows)
+
+
+class RevocationWatch:
+    """Closes this process's sockets whose stored token was revoked or deleted.
+
+    One task per process runs while at least one socket of a stored token is
+    open: every ``GATEWAY_TOKEN_CHECK_INTERVAL`` seconds it asks the database,
+    in one query, which of those tokens still stand, and tells the sockets of
+    the others (:meth:`Watched.token_revoked`). The task stops when the last
+    such socket goes, so a process at rest, or shutting down (its sockets
+    close first), has no task left. A failed check (database down) is logged
+    and tried again at the next interval; sockets stay open meanwhile.
+    :class:`gateway.runtime.Runtime` owns the process's watch.
+
+    Args:
+        interval: seconds between checks (``GATEWAY_TOKEN_CHECK_INTERVAL``).
+    """
+
+    def __init__(self, interval: float = 2.0) -> None:
+        self.interval = max(0.1, interval)
+        self._sockets: dict[int, set[Watched]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, token_id: int, socket: Watched) -> None:
+        """Watch ``socket``, opened with stored token ``token_id`` (on the event loop)."""
+        self._sockets.setdefault(token_id, set()).add(socket)
+        loop = asyncio.get_running_loop()
+        if self._task is None or self._task.done() or self._task.get_loop() is not loop:
+            self._task = loop.create_task(self._run())
+
+    def discard(self, token_id: int, socket: Watched) -> None:
+        """Stop watching ``socket``; the task stops with the last socket."""
+        sockets = self._sockets.get(token_id)
+        if sockets is not None:
+            sockets.discard(socket)
+            if not sockets:
+                del self._sockets[token_id]
+        if not self._sockets and self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    def stop(self) -> None:
+        """Stop the task and forget every socket (process shutdown; idempotent)."""
+        self._sockets.clear()
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    def running(self) -> bool:
+        """Is the check task running (for tests: none without a watched socket)?"""
+        return self._task is not None and not self._task.done()
+
+    def watched(self) -> int:
+        """How many sockets are watched (for tests and stats)."""
+        return sum(len(sockets) for sockets in self._sockets.values())
+
+    async def check(self) -> set[int]:
+        """Check once now; returns the ids of the tokens found revoked."""
+        ids = list(self._sockets)
+        if not ids:
+            return set()
+        standing = await database_sync_to_async(_standing)(ids)
+        revoked = {token_id for token_id in ids if token_id not in standing}
+        if revoked:
+            forget_tokens(revoked)
+        for token_id in revoked:
+            for socket in self._sockets.pop(token_id, set()):
+                socket.token_revoked()
+        if revoked:
+            log.info("closed the sockets of revoked tokens %s", sorted(revoked))
+        return revoked
+
+    async def _run(self) -> None:
+        while self._sockets:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.check()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("could not check for revoked tokens (trying again): %s", exc)

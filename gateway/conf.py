@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -30,18 +31,38 @@ class GatewaySettings:
     block_wait: float = 10.0
     #: seconds after which a topic with no subscriber and no publish is forgotten
     topic_idle: float = 300.0
+    #: topics with no subscriber a process keeps counters for; beyond it the
+    #: least recently published are forgotten at once (ever-new names)
+    topic_limit: int = 10_000
+    #: the Redis that several gateway processes share (topic offsets, history
+    #: and relay: gateway.streams); empty: one process, topics in memory
+    redis_url: str = ""
+    #: prefix of every Redis key Leasecast writes
+    redis_prefix: str = "leasecast"
+    #: messages a topic's Redis stream keeps at least, history or not, so a
+    #: process that falls behind can catch up before it counts a loss
+    topic_relay_window: int = 10_000
     # -- auth
     token_cache_ttl: float = 5.0
     allowed_origins: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ("127.0.0.1", "localhost", "[::1]")
+    #: HS256 key of signed tokens (gateway.tokens); empty: signed tokens are refused
+    signing_key: str = field(default="", repr=False)  # never in a log line
+    #: seconds between this process's checks that its sockets' stored tokens still stand
+    token_check_interval: float = 2.0
     # -- per-token limits (off by default)
     token_limits: RateLimits = field(default_factory=RateLimits)
     # -- queue defaults (protocol: Work queue)
     default_queue: QueueSettings = field(default_factory=QueueSettings)
     # -- serving
     serve_static: bool = True
+    #: GET /metrics without a token (GATEWAY_METRICS_PUBLIC=1)
+    metrics_public: bool = False
     # -- django.tasks results (gateway.tasks): seconds a finished result is kept
     task_result_retention: float = 7 * 24 * 3600.0
+    # -- dashboard: seconds a queue's oldest visible message may wait before
+    # the dashboard's alerts panel lists the queue
+    dashboard_oldest_alert: float = 60.0
 
     @property
     def limits(self) -> Limits:
@@ -72,9 +93,15 @@ def gateway_settings() -> GatewaySettings:
         queue_settings_ttl=_setting("GATEWAY_QUEUE_SETTINGS_TTL", d.queue_settings_ttl),
         block_wait=_setting("GATEWAY_BLOCK_WAIT", d.block_wait),
         topic_idle=_setting("GATEWAY_TOPIC_IDLE", d.topic_idle),
+        topic_limit=_setting("GATEWAY_TOPIC_LIMIT", d.topic_limit),
+        redis_url=_setting("REDIS_URL", d.redis_url) or "",
+        redis_prefix=_setting("GATEWAY_REDIS_PREFIX", d.redis_prefix),
+        topic_relay_window=_setting("GATEWAY_TOPIC_RELAY_WINDOW", d.topic_relay_window),
         token_cache_ttl=_setting("GATEWAY_TOKEN_CACHE_TTL", d.token_cache_ttl),
         allowed_origins=tuple(_setting("GATEWAY_ALLOWED_ORIGINS", d.allowed_origins)),
         allowed_hosts=tuple(settings.ALLOWED_HOSTS),
+        signing_key=_setting("GATEWAY_SIGNING_KEY", d.signing_key) or "",
+        token_check_interval=_setting("GATEWAY_TOKEN_CHECK_INTERVAL", d.token_check_interval),
         token_limits=RateLimits(
             max_sockets=_setting("GATEWAY_TOKEN_MAX_SOCKETS", d.token_limits.max_sockets),
             rate=_setting("GATEWAY_TOKEN_RATE", d.token_limits.rate),
@@ -88,5 +115,14 @@ def gateway_settings() -> GatewaySettings:
             dedup_window=_setting("GATEWAY_DEFAULT_DEDUP_WINDOW", queue.dedup_window),
         ),
         serve_static=_setting("GATEWAY_SERVE_STATIC", d.serve_static),
+        metrics_public=bool(_setting("GATEWAY_METRICS_PUBLIC", d.metrics_public)),
         task_result_retention=_setting("GATEWAY_TASK_RESULT_RETENTION", d.task_result_retention),
+        # Also read from the environment here, so the standalone service takes it
+        # without a line in gateway/settings.py.
+        dashboard_oldest_alert=float(
+            _setting(
+                "GATEWAY_DASHBOARD_OLDEST_ALERT",
+                os.environ.get("GATEWAY_DASHBOARD_OLDEST_ALERT", d.dashboard_oldest_alert),
+            )
+        ),
     )

@@ -42,10 +42,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from leasecast import Producer, Subscriber, Worker
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
-
-from gateway.client import Producer, Subscriber, Worker
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "demo.orders"

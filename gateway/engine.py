@@ -23,7 +23,6 @@ from django.db import connections
 from gateway.committer import Callback, Committer
 from gateway.conf import gateway_settings
 from gateway.errors import Backpressure, ProtocolError, QueueFull
-from gateway.notify import start_listener, start_local_listener
 from gateway.pump import QueuePump, WorkerSink
 from gateway.store import (
     POSTGRESQL,
@@ -38,7 +37,7 @@ from gateway.store import (
     Store,
 )
 
-__all__ = ["PROCESS_NAME", "Engine", "get_engine", "wake_from_thread"]
+__all__ = ["PROCESS_NAME", "Engine", "django_store"]
 
 T = TypeVar("T")
 
@@ -56,7 +55,7 @@ ROOM_POLL_MAX = 1.0
 PROCESS_NAME = f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _django_store() -> Store:
+def django_store() -> Store:
     """A :class:`Store` on a connection of its own to Django's default database."""
     conf = gateway_settings()
     wrapper: Any = None
@@ -114,6 +113,14 @@ class Engine:
         self.process = PROCESS_NAME
         self.listener: Any = None
         self.local_listener: Any = None
+
+    def close(self) -> None:
+        """Stop the store thread and the wake-up listeners."""
+        if self.listener is not None:
+            self.listener.stop()
+        if self.local_listener is not None:
+            self.local_listener.cancel()
+        self.committer.close()
 
     def describe(self) -> dict[str, Any]:
         """This process's figures for ``/api/stats``."""
@@ -275,43 +282,3 @@ class _RoomWaiter:
         if self in self._waiters:
             self._waiters.remove(self)
         retry()
-
-
-_engines: dict[asyncio.AbstractEventLoop, Engine] = {}
-
-
-def wake_from_thread(queues: Iterable[str]) -> None:
-    """Wake the pumps of ``queues`` from a synchronous thread (an admin action).
-
-    The change was committed through another connection, so this process's
-    pumps would not notice it; other gateway processes hear of it through
-    the NOTIFY the action sends on PostgreSQL.
-    """
-    names = list(queues)
-    for loop, engine in list(_engines.items()):
-        if not loop.is_closed():
-            loop.call_soon_threadsafe(engine.wake_all, names)
-
-
-def get_engine(make_store: Callable[[], Store] = _django_store) -> Engine:
-    """The engine of the running event loop (one per gateway process)."""
-    loop = asyncio.get_running_loop()
-    engine = _engines.get(loop)
-    if engine is None:
-        holder: list[Engine] = []
-        committer = Committer(
-            make_store,
-            batch_max_ops=gateway_settings().batch_max_ops,
-            max_backlog=gateway_settings().max_backlog,
-            on_wake=lambda queues: holder[0].wake_all(queues),
-            result_retention=gateway_settings().task_result_retention,
-        )
-        engine = _engines[loop] = Engine(committer, block_wait=gateway_settings().block_wait)
-        holder.append(engine)
-        if connections["default"].vendor == "postgresql":
-            engine.listener = start_listener(engine.wake_all, PROCESS_NAME, loop)
-        else:
-            # Enqueues committed by other processes on this SQLite file
-            # (gateway.producer, admin actions) arrive as datagrams.
-            engine.local_listener = loop.create_task(start_local_listener(engine.wake_all))
-    return engine

@@ -115,6 +115,10 @@ class Subscription:
     dropped_relay: int = 0  # lost between gateway processes (see gateway.relay)
     unreported: int = 0  # drops not yet told in a ``messages`` frame
     deficit: int = 0  # deficit round robin
+    # Its socket's transport is full (DESIGN decision 14): nothing is taken
+    # from the buffer, so capacity and policy apply to a client that stopped
+    # reading its TCP socket. Set by :meth:`Dispatcher.pause` / ``resume``.
+    paused: bool = False
     delivered_rate: RateMeter = field(init=False, repr=False)
     dropped_rate: RateMeter = field(init=False, repr=False)
 
@@ -196,6 +200,8 @@ class PublishOutcome:
     subscribers: int = 0
     dropped: int = 0
     blocked: list[Subscription] = field(default_factory=list)
+    #: drops by the dropping subscriber's policy (``drop_oldest``, ``drop_newest``)
+    dropped_by: dict[str, int] = field(default_factory=dict)
 
 
 class Dispatcher:
@@ -249,20 +255,49 @@ class Dispatcher:
         sub.buffer.clear()
         return sub
 
-    def forget_idle(self, idle_for: float) -> list[str]:
+    def detach(self, sid: int) -> None:
+        """Take a subscriber off its topic's live stream, keeping its buffer, credit
+        and counters (a resuming subscriber while it is replayed from the history)."""
+        sub = self.subscriptions.get(sid)
+        if sub is None:
+            return
+        members = self.topics.get(sub.topic)
+        if members is not None:
+            members.pop(sid, None)
+            if not members:
+                del self.topics[sub.topic]
+        self._ready.pop(sid, None)
+        if self._resume == sid:
+            self._resume = None
+
+    def attach(self, sid: int) -> None:
+        """Put a detached subscriber back on its topic's live stream."""
+        sub = self.subscriptions.get(sid)
+        if sub is not None:
+            self.topics.setdefault(sub.topic, {})[sid] = sub
+            self._mark(sub)
+
+    def forget_idle(self, idle_for: float, keep: int | None = None) -> list[str]:
         """Forget the counters of topics with no subscriber here and no publish for
-        ``idle_for`` seconds; returns their names.
+        ``idle_for`` seconds, and then, if more than ``keep`` topics are left, of
+        the least recently published ones with no subscriber; returns their names.
 
         Topics live in memory only, named by whoever publishes: without this,
         every name ever published to would stay (and be listed in the stats)
         for the life of the process. A forgotten topic's counter starts again.
         """
         now = self.clock()
-        gone = [
-            topic
+        unsubscribed = [
+            (meter.last, topic)
             for topic, meter in self.publish_rate.items()
-            if topic not in self.topics and now - meter.last >= idle_for
+            if topic not in self.topics
         ]
+        gone = [topic for last, topic in unsubscribed if now - last >= idle_for]
+        if keep is not None:
+            excess = len(self.publish_rate) - len(gone) - keep
+            if excess > 0:
+                recent = sorted(item for item in unsubscribed if now - item[0] < idle_for)
+                gone.extend(topic for _, topic in recent[:excess])
         for topic in gone:
             del self.publish_rate[topic]
             self.published.pop(topic, None)
@@ -299,7 +334,7 @@ class Dispatcher:
                 # per publish, so a method call here is a visible cost.
                 seq = sub.seq = sub.seq + 1
                 buffer.append((seq, body))
-                if sub.credit and sid not in ready:
+                if sub.credit and not sub.paused and sid not in ready:
                     ready[sid] = sub
             else:
                 self._record(sub, sub.offer(body), outcome)
@@ -336,6 +371,8 @@ class Dispatcher:
             return
         if offer is not Offer.BUFFERED:
             outcome.dropped += 1
+            policy = sub.policy.value
+            outcome.dropped_by[policy] = outcome.dropped_by.get(policy, 0) + 1
         self._mark(sub)
 
     def _mark(self, sub: Subscription) -> None:
@@ -343,7 +380,11 @@ class Dispatcher:
         # has credit) ready too: they are told in a frame with no items, so a
         # loss that nothing follows is not silent. Without credit they ride on
         # the next frame, so a stalled subscriber is not flooded with reports.
-        if (sub.sendable or (sub.unreported and sub.credit)) and sub.sid in self.subscriptions:
+        if (
+            (sub.sendable or (sub.unreported and sub.credit))
+            and not sub.paused
+            and sub.sid in self.subscriptions
+        ):
             self._ready.setdefault(sub.sid, sub)
 
     # -- credit and sending
@@ -353,6 +394,28 @@ class Dispatcher:
         sub = self.subscriptions.get(sid)
         if sub is not None:
             sub.grant(n)
+            self._mark(sub)
+
+    def pause(self, sid: int) -> None:
+        """The subscriber's transport is full: take nothing for it until :meth:`resume`.
+
+        Its buffer keeps filling, so its capacity and ``on_full`` policy apply
+        as for a subscriber without credit (DESIGN decision 14).
+        """
+        sub = self.subscriptions.get(sid)
+        if sub is None or sub.paused:
+            return
+        sub.paused = True
+        self._ready.pop(sid, None)
+        if self._resume == sid:
+            self._resume = None
+        sub.deficit = 0  # out of the ring, like an emptied queue (DRR)
+
+    def resume(self, sid: int) -> None:
+        """The subscriber's transport has room again: it is ready if it has sendable items."""
+        sub = self.subscriptions.get(sid)
+        if sub is not None and sub.paused:
+            sub.paused = False
             self._mark(sub)
 
     @property

@@ -1,10 +1,11 @@
 """One channel-layer channel per gateway process, with one receive loop.
 
-The fan-out relay and the dashboard exchange both talk to other processes.
-They share this process channel: ``channels_redis`` hands messages for several
-process-local channels through one shared receive, and a second concurrent
-receive loop in one process was seen to starve. Handlers are registered by
-message type prefix (``fanout.``, ``dashboard.``).
+The dashboards' exchange talks to the other processes through it (topics have
+their own relay, ``gateway.streams``). ``channels_redis`` hands messages for
+several process-local channels through one shared receive, and a second
+concurrent receive loop in one process was seen to starve, so every user of
+the layer in a process shares this channel. Handlers are registered by message
+type prefix (``dashboard.``). :class:`gateway.runtime.Runtime` builds it.
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from channels.layers import InMemoryChannelLayer, get_channel_layer
 from redis.exceptions import TimeoutError as RedisTimeout
 
-__all__ = ["ProcessChannel", "get_process_channel"]
+__all__ = ["ProcessChannel"]
 
 log = logging.getLogger("leasecast.layer")
 
@@ -47,6 +47,11 @@ class ProcessChannel:
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._run())
         self._refresher = loop.create_task(self._refresh_groups())
+
+    def close(self) -> None:
+        """Stop receiving."""
+        self._task.cancel()
+        self._refresher.cancel()
 
     def on(self, prefix: str, handler: Handler) -> None:
         """Call ``handler`` for messages whose type starts with ``prefix``."""
@@ -102,16 +107,3 @@ class ProcessChannel:
                     except Exception:
                         log.exception("handling %s failed", message["type"])
                     break
-
-
-_channels: dict[asyncio.AbstractEventLoop, ProcessChannel | None] = {}
-
-
-def get_process_channel() -> ProcessChannel | None:
-    """This process's channel, or None with a single-process (in-memory) layer."""
-    loop = asyncio.get_running_loop()
-    if loop not in _channels:
-        layer = get_channel_layer()
-        cross = layer is not None and not isinstance(layer, InMemoryChannelLayer)
-        _channels[loop] = ProcessChannel(layer) if cross else None
-    return _channels[loop]

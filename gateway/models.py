@@ -68,6 +68,33 @@ class Queue(models.Model):
         return self.name
 
 
+class Topic(models.Model):
+    """A broadcast topic's stored settings (protocol 1.1: Topics: history, offsets and resume).
+
+    A topic needs no row to be used: one without a row has the defaults
+    (no history). Offsets and epochs are not stored here; they live with the
+    history (Redis, or the process), see ``gateway.topics``.
+    """
+
+    name = models.CharField(max_length=200, unique=True)
+    history_size = models.PositiveIntegerField(
+        default=0,
+        help_text="Messages kept for resume and GET .../history; 0 keeps none.",
+    )
+    history_ttl = models.FloatField(
+        default=300.0,
+        help_text="Seconds a message stays in the history.",
+    )
+    created_at = models.FloatField(default=_now)
+
+    class Meta:
+        db_table = "leasecast_topic"
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class Message(models.Model):
     """One message of a work queue. Acked messages are deleted.
 
@@ -264,3 +291,33 @@ class TaskRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_path} {self.id}"
+
+
+class QueueCounter(models.Model):
+    """A deployment-wide running total of one queue (``GET /metrics``, gateway.metrics).
+
+    The store adds to these in the same transaction that moves the messages
+    (one statement per transaction), so they count every enqueue path once,
+    whichever process or connection committed it, and survive restarts.
+    ``name`` is enqueued, delivered, redelivered, acked or dead_lettered;
+    ``label`` is the dead reason for dead_lettered, else empty. Each
+    process writes its own ``shard`` so two processes' commits do not
+    queue up on one row; the total is the sum over shards.
+    """
+
+    queue = models.ForeignKey(Queue, on_delete=models.CASCADE, db_index=False)
+    name = models.CharField(max_length=32)
+    label = models.CharField(max_length=32, default="", blank=True)
+    shard = models.PositiveSmallIntegerField(default=0)
+    value = models.BigIntegerField(default=0)
+
+    class Meta:
+        db_table = "leasecast_queue_counter"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["queue", "name", "label", "shard"], name="lc_counter_key"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue_id} {self.name} {self.label} {self.shard}"

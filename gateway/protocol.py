@@ -33,6 +33,7 @@ __all__ = [
     "MAX_TIMEOUT",
     "MAX_TTL",
     "NAME_RE",
+    "REFRESH_OP",
     "AckFrame",
     "AckManyFrame",
     "ClientFrame",
@@ -46,6 +47,7 @@ __all__ = [
     "NackFrame",
     "PublishFrame",
     "Ref",
+    "RefreshFrame",
     "RejectFrame",
     "TaskOutcome",
     "check_name",
@@ -56,6 +58,7 @@ __all__ = [
     "encode_error",
     "parse_enqueue_spec",
     "parse_frame",
+    "parse_refresh",
 ]
 
 Ref: TypeAlias = str | int | float | None
@@ -223,6 +226,24 @@ class CreditFrame:
     n: int
     ref: Ref = None
     op: Literal["credit"] = "credit"
+
+
+@dataclass(frozen=True, slots=True)
+class RefreshFrame:
+    """``{"op": "refresh", "token"}``: a new signed token for this socket (protocol 1.1).
+
+    Taken by every socket kind, so it is not part of :data:`ClientFrame`
+    (each socket's ``ops``): ``consumers.base`` handles it before them.
+    Reply ``{"op": "refreshed", "expires_in": S}`` or an error ``forbidden``.
+    """
+
+    token: str
+    ref: Ref = None
+    op: Literal["refresh"] = "refresh"
+
+
+#: The op of :class:`RefreshFrame`.
+REFRESH_OP = "refresh"
 
 
 ClientFrame: TypeAlias = (
@@ -465,6 +486,20 @@ def parse_frame(obj: dict[str, Any], allowed: frozenset[str], limits: Limits) ->
             raise Invalid("credit n must be 0..1000000000")
         return CreditFrame(n, ref)
     raise UnknownOp(f"op {op[:40]!r} is not known on this socket")
+
+
+def parse_refresh(obj: dict[str, Any]) -> RefreshFrame:
+    """Turn a decoded ``refresh`` frame into its typed form.
+
+    Raises:
+        BadFrame: ``token`` missing or not a string, or a bad ``ref``.
+    """
+    if "ref" in obj and obj["ref"] is not None and read_ref(obj) is None:
+        raise BadFrame("field 'ref' must be a string or a number")
+    token = obj.get("token")
+    if not isinstance(token, str):
+        raise BadFrame("refresh needs 'token' (a string)")
+    return RefreshFrame(token, read_ref(obj))
 
 
 def _read_task_outcome(obj: dict[str, Any], limits: Limits) -> TaskOutcome | None:

@@ -1,7 +1,8 @@
 """Token scopes: what a token may do, on which names (protocol: Authentication).
 
 A scope is ``ACTION:PATTERN`` with ACTION one of ``enqueue``, ``consume``,
-``publish``, ``subscribe``, or the bare word ``admin`` (everything). PATTERN is
+``publish``, ``subscribe``, or the bare word ``admin`` (everything) or
+``metrics`` (``GET /metrics`` only). PATTERN is
 a glob on queue or topic names where ``*`` matches any run of characters and
 every other character matches itself. Pure: no Django.
 """
@@ -14,11 +15,13 @@ from typing import Literal, TypeAlias
 
 from gateway.errors import Forbidden, Invalid
 
-__all__ = ["ACTIONS", "Action", "Grant", "Principal", "parse_scope"]
+__all__ = ["ACTIONS", "MAX_SCOPES", "Action", "Grant", "Principal", "parse_scope", "parse_scopes"]
 
-Action: TypeAlias = Literal["enqueue", "consume", "publish", "subscribe", "admin"]
+Action: TypeAlias = Literal["enqueue", "consume", "publish", "subscribe", "admin", "metrics"]
 ACTIONS: frozenset[str] = frozenset({"enqueue", "consume", "publish", "subscribe"})
 _PATTERN_RE = re.compile(r"[A-Za-z0-9._*-]{1,200}")
+#: Most scopes one token may carry (a signed token's ``scopes`` claim is untrusted input).
+MAX_SCOPES = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +45,9 @@ def parse_scope(scope: str) -> Grant | Literal["admin"]:
     """
     if scope == "admin":
         return "admin"
+    if scope == "metrics":
+        # Bare, like admin, but grants reading GET /metrics only.
+        return Grant("metrics", "", re.compile(""))
     action, sep, pattern = scope.partition(":")
     if not sep or action not in ACTIONS:
         raise Invalid(
@@ -54,6 +60,24 @@ def parse_scope(scope: str) -> Grant | Literal["admin"]:
     return Grant(action, pattern, regex)
 
 
+def parse_scopes(scopes: object) -> tuple[str, ...]:
+    """Check a list of scope strings (a signed token's ``scopes`` claim) and return it.
+
+    Raises:
+        Invalid: not a list, more than :data:`MAX_SCOPES` items, an item that
+            is not a string, or a string :func:`parse_scope` refuses.
+    """
+    if not isinstance(scopes, list):
+        raise Invalid("scopes must be a list of scope strings")
+    if len(scopes) > MAX_SCOPES:
+        raise Invalid(f"at most {MAX_SCOPES} scopes")
+    for scope in scopes:
+        if not isinstance(scope, str):
+            raise Invalid("scopes must be a list of scope strings")
+        parse_scope(scope)
+    return tuple(scopes)
+
+
 @dataclass(frozen=True, slots=True)
 class Principal:
     """Who is calling: a token's name and grants, or a staff user (admin)."""
@@ -63,10 +87,26 @@ class Principal:
     is_admin: bool = False
     token_id: int | None = None
     user_id: int | None = None  # a staff user's id (their actions go to the admin log)
+    #: a signed token's ``sub`` (None for stored tokens and staff sessions)
+    subject: str | None = None
+    #: a signed token's ``exp``, Unix seconds (None: the principal does not expire)
+    expires_at: float | None = None
 
     @classmethod
-    def from_scopes(cls, name: str, scopes: list[str], token_id: int | None = None) -> Principal:
-        """Build a principal from stored scope strings (already validated on issue)."""
+    def from_scopes(
+        cls,
+        name: str,
+        scopes: list[str] | tuple[str, ...],
+        token_id: int | None = None,
+        *,
+        subject: str | None = None,
+        expires_at: float | None = None,
+    ) -> Principal:
+        """Build a principal from scope strings (validated on issue, or by :func:`parse_scopes`).
+
+        Raises:
+            Invalid: a scope :func:`parse_scope` refuses.
+        """
         grants: list[Grant] = []
         admin = False
         for scope in scopes:
@@ -75,7 +115,14 @@ class Principal:
                 admin = True
             else:
                 grants.append(parsed)
-        return cls(name=name, grants=tuple(grants), is_admin=admin, token_id=token_id)
+        return cls(
+            name=name,
+            grants=tuple(grants),
+            is_admin=admin,
+            token_id=token_id,
+            subject=subject,
+            expires_at=expires_at,
+        )
 
     def allows(self, action: Action, name: str = "") -> bool:
         """True if this principal may perform ``action`` on ``name``."""

@@ -10,26 +10,134 @@ command line cannot give:
   from the application, so only the transport can send it.
 
 Any daphne option may follow, e.g. ``python -m gateway.serve -b 0.0.0.0 -p 8000``.
+
+On SIGTERM the process drains instead of dropping everything: it stops
+accepting, closes every WebSocket with 1001 and waits (at most
+``GATEWAY_SHUTDOWN_GRACE`` seconds) for the consumers to finish their
+disconnect, which releases a worker's leases (gateway/shutdown.py).
+
+``python -m gateway.serve --server uvicorn`` runs uvicorn instead (it must be
+installed: it is in the ``dev`` extra) with the same limits: message size
+``GATEWAY_MAX_FRAME_BYTES`` (uvicorn closes an oversized message with 1009
+itself), heartbeats every ``GATEWAY_PING_INTERVAL`` seconds with
+``GATEWAY_PING_TIMEOUT``, no socket age limit (uvicorn has none), graceful
+shutdown within ``GATEWAY_SHUTDOWN_GRACE`` (the gateway's sockets are closed
+with 1001 first, as under daphne; uvicorn's own would be 1012). ``-b HOST``
+and ``-p PORT`` work for both; other options go to the server unchanged (see
+docs/operations.md, Choosing the server).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from typing import Any
 
-from daphne import server as daphne_server
-from daphne.cli import CommandLineInterface
-
 DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
+SERVERS = ("daphne", "uvicorn")
+DEFAULT_GRACE = 30.0
 
 
-class _ClosingWebSocketFactory(daphne_server.WebSocketFactory):  # type: ignore[misc]
-    def setProtocolOptions(self, **options: Any) -> None:
-        # Fail a protocol violation (an oversized frame) with a close frame
-        # carrying its code (1009), not by dropping the connection.
-        options["failByDrop"] = False
-        super().setProtocolOptions(**options)
+def shutdown_grace() -> float:
+    """Seconds a stopping process waits for its sockets (``GATEWAY_SHUTDOWN_GRACE``, 30)."""
+    value = os.environ.get("GATEWAY_SHUTDOWN_GRACE", "")
+    try:
+        grace = float(value) if value else DEFAULT_GRACE
+    except ValueError:
+        raise ValueError(f"GATEWAY_SHUTDOWN_GRACE={value!r}: not a number of seconds") from None
+    if grace < 0:
+        raise ValueError(f"GATEWAY_SHUTDOWN_GRACE={value!r}: must be 0 or more")
+    return grace
+
+
+def _closing_websocket_factory() -> type:
+    """daphne's WebSocket factory, failing a protocol violation with a close frame.
+
+    Built on first use: importing daphne installs Twisted's asyncio reactor,
+    which a uvicorn process does not need.
+    """
+    from daphne import server as daphne_server
+
+    class _ClosingWebSocketFactory(daphne_server.WebSocketFactory):  # type: ignore[misc]
+        def setProtocolOptions(self, **options: Any) -> None:
+            # Fail a protocol violation (an oversized frame) with a close frame
+            # carrying its code (1009), not by dropping the connection.
+            options["failByDrop"] = False
+            super().setProtocolOptions(**options)
+
+    return _ClosingWebSocketFactory
+
+
+def split_server(argv: list[str]) -> tuple[str, list[str]]:
+    """The ``--server`` chosen (daphne unless given) and the other arguments."""
+    server = "daphne"
+    rest: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg == "--server":
+            server = next(args, "")
+        elif arg.startswith("--server="):
+            server = arg.partition("=")[2]
+        else:
+            rest.append(arg)
+    if server not in SERVERS:
+        raise SystemExit(f"gateway.serve: --server must be one of {', '.join(SERVERS)}")
+    return server, rest
+
+
+def _has(argv: list[str], *names: str) -> bool:
+    return any(a == n or a.startswith(n + "=") for a in argv for n in names)
+
+
+def _has_app(argv: list[str]) -> bool:
+    return any(":" in a and not a.startswith("-") and "." in a for a in argv)
+
+
+def uvicorn_args(argv: list[str]) -> list[str]:
+    """uvicorn's arguments for the gateway: Leasecast's limits, then the caller's.
+
+    ``-b``/``--bind`` and ``-p``/``--port`` (daphne's spelling) become
+    ``--host`` and ``--port``; anything else is passed on unchanged, and an
+    option the caller gives wins over the default here.
+    """
+    rest: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg in ("-b", "--bind"):
+            rest += ["--host", next(args, "")]
+        elif arg.startswith("--bind="):
+            rest += ["--host", arg.partition("=")[2]]
+        elif arg == "-p":
+            rest += ["--port", next(args, "")]
+        else:
+            rest.append(arg)
+    defaults = {
+        # websockets' sans-I/O implementation (uvicorn's plain "websockets"
+        # one is deprecated): it closes an oversized message with 1009, as
+        # the protocol says, and pings.
+        "--ws": "websockets-sansio",
+        # Nothing in the gateway uses lifespan events; Channels' router
+        # refuses them.
+        "--lifespan": "off",
+        "--ws-max-size": os.environ.get("GATEWAY_MAX_FRAME_BYTES", str(DEFAULT_MAX_FRAME_BYTES)),
+        "--ws-ping-interval": os.environ.get("GATEWAY_PING_INTERVAL", "20"),
+        "--ws-ping-timeout": os.environ.get("GATEWAY_PING_TIMEOUT", "30"),
+        # uvicorn takes whole seconds here.
+        "--timeout-graceful-shutdown": str(math.ceil(shutdown_grace())),
+        # Compression costs about 10% of the gateway's CPU under uvicorn for
+        # frames of 100-200 bytes it does not shrink (docs/benchmarks.md,
+        # Efficiency); daphne does not compress either.
+        "--ws-per-message-deflate": "false",
+    }
+    args_out: list[str] = []
+    for name, value in defaults.items():
+        if not _has(rest, name):
+            args_out += [name, value]
+    args_out += rest
+    if not _has_app(rest):
+        args_out.insert(0, "gateway.asgi:application")
+    return args_out
 
 
 def daphne_args(argv: list[str]) -> list[str]:
@@ -52,15 +160,58 @@ def daphne_args(argv: list[str]) -> list[str]:
     if not any(a.startswith("--websocket_timeout") for a in argv):
         args += ["--websocket_timeout", os.environ.get("GATEWAY_WEBSOCKET_MAX_AGE", "-1")]
     args += argv
-    if not any(":" in a and not a.startswith("-") and "." in a for a in argv):
+    if not _has_app(argv):
         args.append("gateway.asgi:application")
     return args
 
 
+def _close_with_1001_on_shutdown() -> None:
+    """uvicorn closes WebSockets with 1012 when it shuts down; the protocol says
+    1001 (section Errors). So its shutdown first stops listening and closes the
+    gateway's sockets with 1001 (up to GATEWAY_SHUTDOWN_GRACE, at most 10 s),
+    then goes on as uvicorn's own: nothing is left for it to close."""
+    from uvicorn.server import Server
+
+    original = Server.shutdown
+
+    async def shutdown(self: Server, sockets: Any = None) -> None:
+        from gateway.runtime import close_sockets
+
+        for server in self.servers:
+            server.close()  # no new sockets while the open ones close
+        grace = float(os.environ.get("GATEWAY_SHUTDOWN_GRACE", "30"))
+        await close_sockets(1001, wait=min(grace, 10.0))
+        await original(self, sockets)
+
+    Server.shutdown = shutdown  # type: ignore[method-assign]
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Run daphne with Leasecast's defaults."""
-    daphne_server.WebSocketFactory = _ClosingWebSocketFactory
-    CommandLineInterface().run(daphne_args(sys.argv[1:] if argv is None else argv))
+    """Run daphne (or ``--server uvicorn``) with Leasecast's defaults."""
+    server, args = split_server(sys.argv[1:] if argv is None else argv)
+    if server == "uvicorn":
+        try:
+            from uvicorn.main import main as uvicorn_main
+        except ImportError:
+            raise SystemExit(
+                "gateway.serve --server uvicorn: uvicorn is not installed "
+                "(pip install 'uvicorn>=0.52.1', or the dev extra)"
+            ) from None
+        _close_with_1001_on_shutdown()
+        uvicorn_main.main(args=uvicorn_args(args), prog_name="python -m gateway.serve")
+        return
+    from daphne import server as daphne_server
+    from daphne.cli import CommandLineInterface
+
+    from gateway.shutdown import DrainingServer
+    from gateway.transport import with_transport_flow
+
+    daphne_server.WebSocketFactory = _closing_websocket_factory()
+    cli = CommandLineInterface()
+    # Each WebSocket's transport tells its socket when its write buffer is
+    # full (gateway.transport, DESIGN decision 14).
+    cli.server_class = with_transport_flow(DrainingServer)
+    cli.run(daphne_args(args))
 
 
 if __name__ == "__main__":

@@ -247,9 +247,18 @@ GATEWAY_DEFAULT_DEDUP_WINDOW = float(
     os.environ.get("GATEWAY_DEFAULT_DEDUP_WINDOW", _QUEUE_DEFAULTS.dedup_window)
 )
 GATEWAY_SERVE_STATIC = _env_bool("GATEWAY_SERVE_STATIC", True)
+# GET /metrics without a token (docs/operations.md, Metrics).
+GATEWAY_METRICS_PUBLIC = _env_bool("GATEWAY_METRICS_PUBLIC", False)
 GATEWAY_BLOCK_WAIT = float(os.environ.get("GATEWAY_BLOCK_WAIT", 10.0))
 # A topic with no subscriber on a process and no publish for this long is forgotten there.
 GATEWAY_TOPIC_IDLE = float(os.environ.get("GATEWAY_TOPIC_IDLE", 300.0))
+GATEWAY_TOPIC_LIMIT = int(os.environ.get("GATEWAY_TOPIC_LIMIT", 10_000))
+# Topic offsets, history and the relay between processes live in this Redis
+# (gateway.streams); unset, in the one process.
+REDIS_URL = os.environ.get("REDIS_URL", "")
+GATEWAY_REDIS_PREFIX = os.environ.get("GATEWAY_REDIS_PREFIX", "leasecast")
+# Messages each topic's Redis stream keeps at least, for processes catching up.
+GATEWAY_TOPIC_RELAY_WINDOW = int(os.environ.get("GATEWAY_TOPIC_RELAY_WINDOW", 10_000))
 # Seconds a finished django.tasks result is kept (gateway.tasks), default 7 days.
 GATEWAY_TASK_RESULT_RETENTION = float(
     os.environ.get("GATEWAY_TASK_RESULT_RETENTION", 7 * 24 * 3600.0)
@@ -271,3 +280,8 @@ GATEWAY_ALLOWED_ORIGINS = [
 GATEWAY_TOKEN_MAX_SOCKETS = int(_env_number("GATEWAY_TOKEN_MAX_SOCKETS", 1000 if PRODUCTION else 0))
 GATEWAY_TOKEN_RATE = _env_number("GATEWAY_TOKEN_RATE", 20_000.0 if PRODUCTION else 0.0)
 GATEWAY_TOKEN_BURST = _env_number("GATEWAY_TOKEN_BURST", 0.0)  # 0: two seconds of the rate
+# Signed tokens (JWT HS256, gateway.tokens): the key, shared with the application
+# that mints them. Unset: signed tokens are refused.
+GATEWAY_SIGNING_KEY = os.environ.get("GATEWAY_SIGNING_KEY", "")
+# Seconds between each process's checks for revoked stored tokens of its sockets.
+GATEWAY_TOKEN_CHECK_INTERVAL = _env_number("GATEWAY_TOKEN_CHECK_INTERVAL", 2.0)

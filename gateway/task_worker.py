@@ -2,7 +2,7 @@
 
 ``python manage.py leasecast_worker`` (``gateway.management.commands``) is a
 thin shell around :class:`TaskWorker`. The worker talks to the gateway only
-(WebSockets through :class:`gateway.client.Worker`, one socket per queue, and
+(WebSockets through :class:`leasecast.Worker`, one socket per queue, and
 ``GET /api/queues/Q`` for the queue's ``max_deliveries``): it needs no access
 to the database, only the project's code and settings, so it runs on any
 machine that can reach a gateway.
@@ -50,10 +50,10 @@ from typing import Any, Literal, TypeAlias, TypedDict
 from urllib.parse import quote
 
 import orjson
+from leasecast import Delivery, Worker
+from leasecast.cli import http_get
+from leasecast.link import backoff_delays
 
-from gateway.client import Delivery, Worker
-from gateway.client.cli import http_get
-from gateway.client.link import backoff_delays
 from gateway.errors import (
     Backpressure,
     ConnectionClosed,

@@ -20,7 +20,8 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from gateway.client.cli import positive_int
+from leasecast.cli import positive_int
+
 from spark_feed.progress import ProgressReport
 
 if TYPE_CHECKING:

@@ -1,15 +1,27 @@
-"""The Python client of Leasecast: no Django needed, built on ``websockets``.
+"""Deprecated name of the Python client: use ``leasecast`` (``clients/python/``).
 
-- :class:`Worker`: consume a queue (async iteration over :class:`Delivery`).
-- :class:`Producer`: enqueue, one message or many, and publish.
-- :class:`Subscriber`: receive a broadcast topic (async iteration over :class:`Message`).
-- ``leasecast``: the console script (``gateway.client.cli``).
+A thin re-export kept for code that still imports ``gateway.client`` (the
+Spark tests and the task worker's unit tests); new code imports ``leasecast``.
 """
 
 from __future__ import annotations
 
-from gateway.client.producer import Producer
-from gateway.client.subscriber import Message, Subscriber
-from gateway.client.worker import Delivery, Worker
+from leasecast import (
+    Delivery,
+    EnqueueResult,
+    Message,
+    Producer,
+    PublishResult,
+    Subscriber,
+    Worker,
+)
 
-__all__ = ["Delivery", "Message", "Producer", "Subscriber", "Worker"]
+__all__ = [
+    "Delivery",
+    "EnqueueResult",
+    "Message",
+    "Producer",
+    "PublishResult",
+    "Subscriber",
+    "Worker",
+]

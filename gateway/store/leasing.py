@@ -77,6 +77,7 @@ def _expire(txn: Txn, where: str, params: list[object]) -> int:
     for queue_id, group in rows:
         txn.unsettle(queue_id, group)
         txn.forget_length(queue_id)
+        txn.count(queue_id, "dead_lettered", label="expired")
     return len(rows)
 
 
@@ -93,6 +94,7 @@ def dead_letter_ids(txn: Txn, ids: Sequence[int], reason: DeadReason) -> None:
     ).fetchall()
     for queue_id, group in rows:
         txn.unsettle(queue_id, group)
+        txn.count(queue_id, "dead_lettered", label=reason)
 
 
 def lease(txn: Txn, op: Lease) -> LeaseResult:
@@ -124,6 +126,9 @@ def lease(txn: Txn, op: Lease) -> LeaseResult:
                         priority,
                     )
                 )
+        delivered = result.delivered[len(result.delivered) - (len(rows) - len(dead)) :]
+        txn.count(q.id, "delivered", len(delivered))
+        txn.count(q.id, "redelivered", sum(1 for d in delivered if d.deliveries > 1))
         if dead:
             # Not delivered after all: the raised count is put back, so a
             # dead message shows the deliveries it really had.
@@ -204,6 +209,7 @@ def _ack_one(txn: Txn, op: Ack) -> AckResult:
     if row is None:
         raise StaleReceipt(_STALE)
     txn.unsettle(row[0], row[1])
+    txn.count(row[0], "acked")
     if op.task is not None:
         tasks.record(txn, msg_id, op.task)
     return AckResult([])
@@ -228,6 +234,7 @@ def ack_plain(txn: Txn, ops: Sequence[Ack]) -> list[AckResult | StaleReceipt]:
         ).fetchall():
             deleted.add((msg_id, token))
             txn.unsettle(queue_id, group)
+            txn.count(queue_id, "acked")
     for k, pair in wanted.items():
         if pair in deleted:
             deleted.discard(pair)  # a receipt repeated in one batch acks once
@@ -259,6 +266,7 @@ def reject(txn: Txn, receipt: str) -> None:
         (),
     )
     txn.unsettle(queue_id, group)
+    txn.count(queue_id, "dead_lettered", label="rejected")
 
 
 def extend(txn: Txn, op: Extend) -> float:

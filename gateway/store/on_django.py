@@ -20,6 +20,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
+from gateway import metrics
 from gateway.store.dialects import POSTGRESQL, SQLITE
 from gateway.store.groups import settle
 from gateway.store.runner import NOTIFY_CHANNEL
@@ -45,6 +46,9 @@ def django_transaction(using: str = "default") -> Iterator[Txn]:
         txn = Txn(cursor, dialect, time.time(), queues)
         yield txn
         settle(txn)
+        counted = txn.write_counts(metrics.django_shard())
+        if counted:
+            transaction.on_commit(lambda: metrics.queue_counted(counted), using=using)
         _announce(cursor, connection.vendor, using, txn.woken)
 
 
@@ -61,8 +65,8 @@ def _announce(cursor: Any, vendor: str, using: str, queues: Iterable[str]) -> No
 
 
 def _wake_after_commit(vendor: str, names: list[str], using: str) -> None:
-    from gateway.engine import wake_from_thread
     from gateway.notify import announce_local
+    from gateway.runtime import wake_from_thread
 
     wake_from_thread(names)  # this process's pumps, if it serves the gateway
     if vendor != "postgresql":

@@ -122,6 +122,9 @@ def redrive(txn: Txn, q: QueueRow) -> int:
     ).fetchall()
     for (group,) in rows:
         txn.unsettle(q.id, group, reordered=True)
+    # An operator's redrive or requeue puts messages back: counted as
+    # enqueues (GET /metrics, the dashboard's rates; docs/operations.md).
+    txn.count(q.id, "enqueued", len(rows))
     if rows:
         txn.woken.add(q.name)
         txn.forget_length(q.id)
@@ -166,6 +169,7 @@ def requeue_ids(txn: Txn, ids: list[int], queue_id: int | None = None) -> int:
         txn.unsettle(row_queue, group, reordered=True)
         txn.woken.add(txn.queues.name_of(txn, row_queue))
         txn.forget_length(row_queue)
+        txn.count(row_queue, "enqueued")
     return len(rows)
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, assert_never
 
+from gateway import metrics
 from gateway.errors import ProtocolError, Unavailable
 from gateway.leases import DEFAULT_QUEUE_SETTINGS, Clock, QueueSettings
 from gateway.store import enqueue as enqueueing
@@ -118,6 +119,7 @@ class Store:
         try:
             yield txn
             settle(txn)
+            counted = txn.write_counts(metrics.COUNTER_SHARD)
             if self._announce_as is not None:
                 for queue in sorted(txn.woken):
                     txn.exec(
@@ -132,6 +134,8 @@ class Store:
             raise
         cur.execute("COMMIT")
         self.woken |= txn.woken
+        if counted:
+            metrics.queue_counted(counted)
 
     def _begin(self) -> Any:
         """A cursor inside ``BEGIN``, on a fresh connection if the old one is dead.

@@ -145,6 +145,9 @@ class Txn:
         #: queues whose expired messages this transaction has dead-lettered
         #: (its clock does not move, so once is enough)
         self.swept: set[int] = set()
+        #: this transaction's counter increments by (queue id, counter, label),
+        #: written with one statement before the commit (:meth:`write_counts`)
+        self.counts: dict[tuple[int, str, str], int] = {}
         self._savepoints = 0
 
     def exec(self, sql: str, params: Sequence[Any] = ()) -> Any:
@@ -182,6 +185,41 @@ class Txn:
         self.lengths.pop(queue_id, None)
         self.oldest.pop(queue_id, None)
 
+    def count(self, queue_id: int, name: str, n: int = 1, label: str = "") -> None:
+        """Add ``n`` to counter ``name`` (enqueued, delivered, redelivered, acked,
+        dead_lettered with the reason as ``label``) of ``queue_id``, at commit."""
+        if n:
+            key = (queue_id, name, label)
+            self.counts[key] = self.counts.get(key, 0) + n
+
+    def write_counts(self, shard: int) -> dict[tuple[str, str, str], int]:
+        """Add :attr:`counts` to ``leasecast_queue_counter`` (row ``shard`` of each
+        counter); returns them by queue name, for this process's dashboard.
+
+        One statement per transaction, its rows in key order: transactions of
+        two processes never wait on each other's rows in opposite orders.
+        Called last before the commit, so a counter row stays locked briefly.
+        """
+        if not self.counts:
+            return {}
+        keys = sorted(self.counts)
+        params: list[Any] = []
+        for queue_id, name, label in keys:
+            params += [queue_id, name, label, shard, self.counts[(queue_id, name, label)]]
+        self.exec(
+            "INSERT INTO leasecast_queue_counter (queue_id, name, label, shard, value) VALUES "
+            + ",".join(["(%s, %s, %s, %s, %s)"] * len(keys))
+            + " ON CONFLICT (queue_id, name, label, shard) DO UPDATE "
+            "SET value = leasecast_queue_counter.value + excluded.value",
+            params,
+        )
+        named = {
+            (self.queues.name_of(self, queue_id), name, label): n
+            for (queue_id, name, label), n in self.counts.items()
+        }
+        self.counts = {}
+        return named
+
     @contextmanager
     def savepoint(self) -> Iterator[None]:
         """Undo what the block did if it raises a :class:`ProtocolError` (which is re-raised).
@@ -194,6 +232,7 @@ class Txn:
         name = f"lc_op_{self._savepoints}"
         unsettled, reordered, woken = set(self.unsettled), set(self.reordered), set(self.woken)
         lengths, swept = dict(self.lengths), set(self.swept)
+        counts = dict(self.counts)
         oldest = {queue_id: list(ids) for queue_id, ids in self.oldest.items()}
         self.cursor.execute(f"SAVEPOINT {name}")
         try:
@@ -203,6 +242,7 @@ class Txn:
             self.cursor.execute(f"RELEASE SAVEPOINT {name}")
             self.unsettled, self.reordered, self.woken = unsettled, reordered, woken
             self.lengths, self.oldest, self.swept = lengths, oldest, swept
+            self.counts = counts
             self.queues.clear()  # a queue created in the block is gone again
             raise
         self.cursor.execute(f"RELEASE SAVEPOINT {name}")

@@ -95,7 +95,7 @@ async def test_the_detection_sees_an_injected_payload(browser: Any) -> None:
 
 async def test_hostile_bodies_keys_and_names_stay_text(browser: Any, site: GatewayProcess) -> None:
     admin = site.issue_token("admin", name="xss-admin")
-    hostile = site.issue_token("consume:*", "enqueue:*", name=PAYLOADS[0])
+    hostile = site.issue_token("consume:*", "enqueue:*", "subscribe:*", name=PAYLOADS[0])
     doomed_name = PAYLOADS[1]
     site.issue_token("consume:x", name=doomed_name)
     queue, dead_queue = unique("xss"), unique("xssdead")
@@ -104,7 +104,13 @@ async def test_hostile_bodies_keys_and_names_stay_text(browser: Any, site: Gatew
         for i, payload in enumerate(PAYLOADS):
             for body in (payload, {"html": payload, "list": [payload]}):
                 reply = await producer.request(
-                    {"op": "enqueue", "queue": queue, "body": body, "key": f"{payload}{i}{body!r}"}
+                    {
+                        "op": "enqueue",
+                        "queue": queue,
+                        "body": body,
+                        "key": f"{payload}{i}{body!r}",
+                        "group": f"{payload}{i}",
+                    }
                 )
                 ids.append(reply["id"])
         await producer.request({"op": "enqueue", "queue": dead_queue, "body": PAYLOADS[3]})
@@ -154,8 +160,8 @@ async def test_hostile_bodies_keys_and_names_stay_text(browser: Any, site: Gatew
     await watch.check("admin index, recent actions")
     assert doomed_name in await page.locator("#recent-actions-module").inner_text()
 
-    # The dashboard shows no message bodies, only names, counts and sockets; the
-    # socket of the token named with a payload shows that name, as text.
+    # The dashboard's sockets table: the socket of the token named with a payload
+    # shows that name, as text.
     async with await Socket.open(f"{site.ws}/ws/queues/{queue}/?prefetch=1", hostile) as w:
         await w.deliveries(1)
         await page.goto(f"{site.http}/dashboard/")
@@ -163,6 +169,40 @@ async def test_hostile_bodies_keys_and_names_stay_text(browser: Any, site: Gatew
         await page.wait_for_selector(cell, timeout=10_000)
         assert await page.locator(cell).inner_text() == PAYLOADS[0]
         await watch.check("dashboard")
+
+    # Dashboard v2: the message browser shows bodies and groups (visible, then the
+    # dead queue), and the alerts panel and heatmap a dropping subscriber whose
+    # token is named with a payload: all as text.
+    await page.goto(f"{site.http}/dashboard/")
+    await page.wait_for_selector("#status.live", timeout=10_000)
+    await page.fill("#queue-filter", queue)
+    await page.click(f"#queues tr[data-queue='{queue}'] button.browse", timeout=10_000)
+    await page.wait_for_selector("#messages tr[data-id]", timeout=5000)
+    shown_bodies = await page.locator("#messages").inner_text()
+    assert PAYLOADS[1] in shown_bodies and f"{PAYLOADS[2]}2" in shown_bodies
+    await watch.check("dashboard message browser")
+    await page.fill("#queue-filter", dead_queue)
+    await page.click(f"#queues tr[data-queue='{dead_queue}'] button.browse", timeout=10_000)
+    await page.click("#browser-states button[data-state=dead]")
+    await page.wait_for_selector("#messages tr[data-state=dead]", timeout=5000)
+    assert PAYLOADS[3] in await page.locator("#messages").inner_text()
+    await watch.check("dashboard dead messages")
+    topic = unique("xsstopic")
+    async with (
+        await Socket.open(
+            f"{site.ws}/ws/topics/{topic}/?on_full=drop_newest&capacity=1&credit=0", hostile
+        ),
+        await Socket.open(f"{site.ws}/ws/produce/", admin) as publisher,
+    ):
+        for payload in PAYLOADS * 4:
+            await publisher.request({"op": "publish", "topic": topic, "body": payload})
+        await page.wait_for_selector(f"#alerts li[data-topic='{topic}']", timeout=10_000)
+        await page.wait_for_selector("#heatmap tbody tr", timeout=10_000)
+        await page.wait_for_selector(f"#sockets tr[data-name='{topic}'] td.principal", timeout=5000)
+        assert (
+            await page.inner_text(f"#sockets tr[data-name='{topic}'] td.principal") == PAYLOADS[0]
+        )
+        await watch.check("dashboard alerts and heatmap")
 
     status, _ = await ahttp("GET", f"{site.http}/api/stats", admin)
     assert status == 200

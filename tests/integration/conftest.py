@@ -6,6 +6,7 @@ Redis (for the scale-out tests) is needed only by the tests that ask for
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tempfile
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.databases import postgres_database, postgres_unavailable, sqlite_database
-from tests.integration.harness import GatewayProcess
+from tests.integration.harness import GatewayProcess, default_server
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
@@ -33,20 +34,40 @@ def database_env(request: pytest.FixtureRequest) -> Iterator[tuple[dict[str, str
 
 
 @pytest.fixture(scope="module")
-def gateway(database_env: tuple[dict[str, str], Path]) -> Iterator[GatewayProcess]:
+def gateway_server(request: pytest.FixtureRequest) -> str:
+    """The ASGI server of ``gateway`` and ``own_gateway``: daphne (or ``$LEASECAST_TEST_SERVER``).
+
+    A test runs under both with ``@both_servers`` (harness.py), which
+    parametrises this fixture indirectly; the uvicorn variant then gets a
+    gateway process of its own.
+    """
+    server = str(getattr(request, "param", None) or default_server())
+    if server == "uvicorn" and importlib.util.find_spec("uvicorn") is None:
+        # The Django 6 run installs the test extra only (Makefile test-django6).
+        pytest.skip("uvicorn is not installed (it is in the dev extra)")
+    return server
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    database_env: tuple[dict[str, str], Path], gateway_server: str
+) -> Iterator[GatewayProcess]:
     """A running gateway shared by a test module (tests use their own queue names)."""
     env, var = database_env
-    process = GatewayProcess(env, var)
+    name = "gw" if gateway_server == "daphne" else f"gw-{gateway_server}"
+    process = GatewayProcess(env, var, name=name, server=gateway_server)
     process.start()
     yield process
     process.stop()
 
 
 @pytest.fixture
-def own_gateway(database_env: tuple[dict[str, str], Path]) -> Iterator[GatewayProcess]:
+def own_gateway(
+    database_env: tuple[dict[str, str], Path], gateway_server: str
+) -> Iterator[GatewayProcess]:
     """A gateway of the test's own, for tests that kill or restart it."""
     env, var = database_env
-    process = GatewayProcess(env, var, name="own")
+    process = GatewayProcess(env, var, name="own", server=gateway_server)
     process.start()
     yield process
     process.stop()

@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import json
 import os
+import shutil
 import signal
 import socket
 import sqlite3
@@ -20,6 +21,7 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from tests.databases import ROOT, manage, sqlite_database
@@ -45,6 +47,26 @@ UVICORN = (
 )
 
 
+# The ASGI servers the gateway is tested under. A test runs under daphne unless
+# it (or its fixture) asks for another; LEASECAST_TEST_SERVER=uvicorn runs every
+# gateway that does not name its server under uvicorn (the whole suite, by hand).
+SERVERS = ("daphne", "uvicorn")
+
+
+# Runs a test under each server, each with its own module-scoped ``gateway``
+# (conftest.py ``gateway_server``). The full suite runs under daphne; the tests
+# marked with this are the uvicorn subset of `make test` (docs/operations.md).
+both_servers = pytest.mark.parametrize("gateway_server", SERVERS, indirect=True)
+
+
+def default_server() -> str:
+    """The server of a gateway that does not name one: ``$LEASECAST_TEST_SERVER`` or daphne."""
+    server = os.environ.get("LEASECAST_TEST_SERVER", "daphne")
+    if server not in SERVERS:
+        raise ValueError(f"LEASECAST_TEST_SERVER={server!r}: not one of {SERVERS}")
+    return server
+
+
 def free_port() -> int:
     """A TCP port on loopback that nobody listens on right now."""
     with socket.socket() as s:
@@ -57,9 +79,9 @@ class GatewayProcess:
     """One daphne process serving ``gateway.asgi`` on a free loopback port."""
 
     def __init__(
-        self, env: dict[str, str], var_dir: Path, name: str = "gw", server: str = "daphne"
+        self, env: dict[str, str], var_dir: Path, name: str = "gw", server: str | None = None
     ) -> None:
-        self.server = server
+        self.server = server or default_server()
         self.env = dict(env)
         self.var_dir = var_dir
         self.name = name
@@ -100,14 +122,19 @@ class GatewayProcess:
     def command(self) -> list[str]:
         """The server's command line."""
         if self.server == "uvicorn":
+            # As docs/operations.md says to run it: gateway.serve gives uvicorn
+            # the frame limit, heartbeats (GATEWAY_PING_*) and shutdown grace.
             return [
-                *UVICORN,
-                "--port",
+                *DAPHNE,
+                "--server",
+                "uvicorn",
+                "-b",
+                "127.0.0.1",
+                "-p",
                 str(self.port),
-                "--ws-ping-interval",
-                self.env.get("GATEWAY_PING_INTERVAL", "20"),
-                "--ws-ping-timeout",
-                self.env.get("GATEWAY_PING_TIMEOUT", "30"),
+                "--log-level",
+                "warning",
+                "gateway.asgi:application",
             ]
         return [*DAPHNE, "-b", "127.0.0.1", "-p", str(self.port), "gateway.asgi:application"]
 
@@ -293,3 +320,141 @@ _CLOSED: dict[str, Any] = {"op": "<closed>"}
 def unique(prefix: str = "q") -> str:
     """A queue name no other test uses."""
     return f"{prefix}{os.getpid()}-{next(_names)}"
+
+
+def haproxy_path() -> str | None:
+    """haproxy's executable: on PATH, or Debian's /usr/sbin (not on a user's PATH)."""
+    return shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
+
+
+def haproxy_unavailable() -> str | None:
+    """Why haproxy cannot be started here (not installed), or None."""
+    if haproxy_path() is None:
+        return "haproxy is not installed (`make balancer` installs Debian's package)"
+    return None
+
+
+class Balancer:
+    """haproxy in front of gateway processes, on a free loopback port, from a generated config.
+
+    WebSockets pass through (HTTP mode upgrades them), each server is checked
+    with ``GET /healthz`` every ``check_ms``, and a connection a server refuses
+    is retried on another (``option redispatch``), as a deployment would.
+    A stats page on its own port tells which servers haproxy sees as up.
+    """
+
+    def __init__(
+        self, servers: list[GatewayProcess], var_dir: Path, name: str = "lb", check_ms: int = 200
+    ) -> None:
+        self.servers = servers
+        self.var_dir = var_dir
+        self.name = name
+        self.check_ms = check_ms
+        self.port = free_port()
+        self.stats_port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.config_path = var_dir / f"{name}-{self.port}.cfg"
+        self.log_path = var_dir / f"{name}-{self.port}.log"
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def config(self) -> str:
+        """The haproxy configuration: one frontend, the gateways, a stats page."""
+        servers = "\n".join(
+            f"    server {gw.name} 127.0.0.1:{gw.port} check" for gw in self.servers
+        )
+        ms = self.check_ms
+        return f"""\
+global
+    # two descriptors per connection: within a default 20,000 descriptor limit
+    maxconn 4000
+
+defaults
+    mode http
+    timeout connect 1s
+    timeout client 60s
+    timeout server 60s
+    # an upgraded WebSocket lives as long as its client
+    timeout tunnel 1h
+    timeout http-keep-alive 5s
+    # a connection a stopping server refuses goes to another one
+    retries 3
+    option redispatch 1
+
+frontend gateways
+    bind 127.0.0.1:{self.port}
+    default_backend gateways
+
+backend gateways
+    balance leastconn
+    option httpchk
+    http-check send meth GET uri /healthz ver HTTP/1.1 hdr Host 127.0.0.1
+    http-check expect status 200
+    default-server inter {ms}ms fastinter {ms}ms downinter {ms}ms fall 2 rise 2
+{servers}
+
+listen stats
+    bind 127.0.0.1:{self.stats_port}
+    stats enable
+    stats uri /stats
+"""
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start haproxy and wait until it sees every server up."""
+        self.config_path.write_text(self.config())
+        haproxy = haproxy_path() or "haproxy"
+        check = subprocess.run(
+            [haproxy, "-c", "-q", "-f", str(self.config_path)], capture_output=True, text=True
+        )
+        if check.returncode != 0:
+            raise RuntimeError(f"haproxy refused its config: {check.stdout}{check.stderr}")
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child process owns it
+        self.proc = subprocess.Popen(
+            [haproxy, "-db", "-f", str(self.config_path)], stdout=log, stderr=subprocess.STDOUT
+        )
+        self.wait_until({gw.name: "UP" for gw in self.servers}, timeout)
+
+    def states(self) -> dict[str, str]:
+        """Each server's status as haproxy sees it (``UP``, ``DOWN``, ``UP 1/2``...)."""
+        url = f"http://127.0.0.1:{self.stats_port}/stats;csv"
+        with urllib.request.urlopen(url, timeout=2) as response:
+            lines = response.read().decode().splitlines()
+        header = lines[0].lstrip("# ").split(",")
+        rows = [dict(zip(header, line.split(","), strict=False)) for line in lines[1:] if line]
+        return {
+            row["svname"]: row["status"]
+            for row in rows
+            if row.get("pxname") == "gateways" and row["svname"] not in ("FRONTEND", "BACKEND")
+        }
+
+    def wait_until(self, wanted: dict[str, str], timeout: float = 30.0) -> None:
+        """Wait until haproxy reports each named server in the wanted status."""
+        deadline = time.monotonic() + timeout
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"haproxy exited: {self.log_path.read_text()[-3000:]}")
+            try:
+                states = self.states()
+            except (urllib.error.URLError, ConnectionError, OSError):
+                states = {}
+            if all(states.get(name) == status for name, status in wanted.items()):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"haproxy did not report {wanted} (last: {states})")
+
+    def stop(self) -> None:
+        """Stop haproxy (SIGTERM, then SIGKILL)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)

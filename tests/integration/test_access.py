@@ -40,7 +40,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from tests.databases import ROOT, base_env, sqlite_database
-from tests.integration.harness import GatewayProcess, Socket, ahttp, http, unique
+from tests.integration.harness import GatewayProcess, Socket, ahttp, both_servers, http, unique
 
 STAFF, DEMOTED, PASSWORD = "ops", "demoted", "correct horse battery"
 LOGIN_PATH = "/admin/login/"
@@ -216,11 +216,11 @@ def status_outcome(status: int, body: Any) -> str:
 
 
 @pytest.fixture(scope="module")
-def site() -> Iterator[GatewayProcess]:
+def site(gateway_server: str) -> Iterator[GatewayProcess]:
     """A gateway on SQLite with the development defaults, a superuser and a demoted user."""
     var = Path(tempfile.mkdtemp(prefix="leasecast-access-"))
     with sqlite_database(var) as env:
-        gw = GatewayProcess(env, var, name="access")
+        gw = GatewayProcess(env, var, name="access", server=gateway_server)
         create_users(gw)
         gw.start()
         yield gw
@@ -316,7 +316,8 @@ def http_routes() -> list[HttpRoute]:
                 match = resolve("/" + here_path)
                 # The sample reaches this very route, so no route goes unvisited.
                 assert match.route == here_route, (here_path, match.route, here_route)
-                is_api = entry.callback.__module__ == "consumers.http"
+                # Token-authenticated endpoints (the API, /metrics); the rest are pages.
+                is_api = entry.callback.__module__ in ("consumers.http", "consumers.metrics")
                 routes.append(HttpRoute(here_route, "/" + here_path, is_api))
 
     walk(get_resolver().url_patterns, "", "")
@@ -346,6 +347,7 @@ def test_the_walk_finds_every_kind_of_route() -> None:
     assert sum(r.route.startswith("admin/") for r in routes.values()) > 20
 
 
+@both_servers
 def test_every_url_refuses_callers_without_a_token_or_staff_session(
     site: GatewayProcess, admin: str, demoted: Client
 ) -> None:
@@ -422,6 +424,7 @@ def socket_routes() -> list[SocketRoute]:
     return found
 
 
+@both_servers
 async def test_every_socket_route_refuses_a_handshake_without_credentials(
     site: GatewayProcess, admin: str, staff: Client, demoted: Client
 ) -> None:
@@ -891,6 +894,7 @@ async def test_the_database_holds_no_plaintext_token(
 # -- 4. Origin of browser sockets
 
 
+@both_servers
 async def test_session_sockets_need_an_allowed_origin_and_token_sockets_none(
     site: GatewayProcess, admin: str, staff: Client
 ) -> None:
@@ -1059,10 +1063,10 @@ LIMITS = {
 
 
 @pytest.fixture(scope="module")
-def limited() -> Iterator[GatewayProcess]:
+def limited(gateway_server: str) -> Iterator[GatewayProcess]:
     var = Path(tempfile.mkdtemp(prefix="leasecast-limited-"))
     with sqlite_database(var) as env:
-        gw = GatewayProcess({**env, **LIMITS}, var, name="limited")
+        gw = GatewayProcess({**env, **LIMITS}, var, name="limited", server=gateway_server)
         create_users(gw)
         gw.start()
         yield gw
@@ -1146,6 +1150,7 @@ async def test_batches_cost_their_size_and_credit_is_free(limited: GatewayProces
     assert stored(limited, queue) == 5
 
 
+@both_servers
 def test_http_over_the_rate_is_429_with_retry_after(limited: GatewayProcess) -> None:
     tokens = issue_tokens(limited, {"http": ["enqueue:*"], "bystander": ["enqueue:*"]})
     queue = unique("http")
@@ -1166,6 +1171,7 @@ def test_http_over_the_rate_is_429_with_retry_after(limited: GatewayProcess) -> 
     assert stored(limited, queue) == 10
 
 
+@both_servers
 async def test_a_token_over_its_socket_limit_is_refused_with_backpressure(
     limited: GatewayProcess,
 ) -> None:

@@ -8,7 +8,7 @@ import json
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from tests.integration.harness import GatewayProcess, Socket, ahttp, http, unique
+from tests.integration.harness import GatewayProcess, Socket, ahttp, both_servers, http, unique
 
 BAD_FRAMES = [
     ("not json at all", "bad_frame"),
@@ -33,6 +33,7 @@ WORKER_ONLY = [
 ]
 
 
+@both_servers
 @pytest.mark.parametrize("path", ["/ws/produce/", "/ws/queues/QUEUE/"])
 async def test_every_bad_frame_gets_its_error_and_the_socket_stays_usable(
     gateway: GatewayProcess, admin_token: str, path: str
@@ -80,6 +81,7 @@ async def test_body_over_the_limit_is_too_large(gateway: GatewayProcess, admin_t
         )
 
 
+@both_servers
 async def test_frame_over_the_transport_limit_closes_1009(
     gateway: GatewayProcess, admin_token: str
 ) -> None:
@@ -92,6 +94,7 @@ async def test_frame_over_the_transport_limit_closes_1009(
     assert s.conn.close_code == 1009
 
 
+@both_servers
 async def test_handshake_refused_without_a_valid_token(gateway: GatewayProcess) -> None:
     for token in (None, "lc_not-a-real-token"):
         for path in ("/ws/produce/", "/ws/queues/q/"):
@@ -100,6 +103,7 @@ async def test_handshake_refused_without_a_valid_token(gateway: GatewayProcess) 
             assert info.value.response.status_code == 403
 
 
+@both_servers
 async def test_token_in_query_string_works_for_browsers(
     gateway: GatewayProcess, admin_token: str
 ) -> None:
@@ -126,6 +130,7 @@ async def test_revoked_scope_and_patterns_are_enforced(gateway: GatewayProcess) 
 @pytest.mark.parametrize(
     "query", ["prefetch=0", "prefetch=1001", "prefetch=ten", "visibility_timeout=-1"]
 )
+@both_servers
 async def test_invalid_socket_parameters_close_4400(
     gateway: GatewayProcess, admin_token: str, query: str
 ) -> None:
@@ -145,6 +150,7 @@ async def test_invalid_queue_name_in_url_closes_4400(
     assert s.conn.close_code == 4400
 
 
+@both_servers
 def test_http_errors_have_the_protocol_codes(gateway: GatewayProcess, admin_token: str) -> None:
     base = gateway.http
     limited = gateway.issue_token("enqueue:jobs", name="jobs-only")
@@ -194,6 +200,7 @@ def test_http_errors_have_the_protocol_codes(gateway: GatewayProcess, admin_toke
     assert (status, got) == (200, {"status": "ok"})
 
 
+@both_servers
 async def test_closed_socket_gets_no_more_work(gateway: GatewayProcess, admin_token: str) -> None:
     q = unique()
     async with await Socket.open(f"{gateway.ws}/ws/produce/", admin_token) as p:
@@ -241,6 +248,7 @@ async def worker_leases(gw: GatewayProcess, token: str, queue: str) -> dict[str,
     }
 
 
+@both_servers
 async def test_unknown_socket_paths_are_refused(gateway: GatewayProcess, admin_token: str) -> None:
     for path in ("/ws/nothing/", "/ws/queues/", "/ws/queues/a/b/", "/"):
         with pytest.raises(InvalidStatus) as info:

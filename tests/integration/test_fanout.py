@@ -165,7 +165,15 @@ async def test_a_slow_subscriber_never_slows_a_fast_one(hub: GatewayProcess, tok
             assert row["delivered"] + row["dropped"] + row["buffered"] == 5000
 
 
-async def test_priority_shares_a_saturated_sender(hub: GatewayProcess, token: str) -> None:
+async def test_priority_never_puts_the_heavier_subscriber_behind(
+    hub: GatewayProcess, token: str
+) -> None:
+    """Weights share the gateway's send capacity when the gateway is what limits
+    (tests/unit/test_fanout.py and the property tests check the shares exactly).
+    Over real sockets the limit may be the reader instead: since the transport's
+    backpressure reaches the buffers (DESIGN decision 14), a socket whose client
+    reads no faster than the other's gets no more. Either way the heavier one
+    is never behind, and both get everything."""
     topic = unique("t")
     n = 150_000
     async with (
@@ -173,11 +181,9 @@ async def test_priority_shares_a_saturated_sender(hub: GatewayProcess, token: st
         await subscriber(hub, token, topic, capacity=n, credit=0, priority=2) as heavy,
     ):
         await publish_all(hub, token, topic, list(range(n)))
-        # Both buffers hold n messages; once credited, the sender cannot keep up
-        # and shares its turns by weight.
         await heavy.send({"op": "credit", "n": n})
         await light.send({"op": "credit", "n": n})
-        last_ratio = None
+        ratios = []
         for _ in range(2000):
             _, stats = await ahttp("GET", f"{hub.http}/api/stats", token)
             rows = {
@@ -186,9 +192,10 @@ async def test_priority_shares_a_saturated_sender(hub: GatewayProcess, token: st
             if rows[2] >= n:
                 break
             if rows[1] > 0:
-                last_ratio = rows[2] / rows[1]
-        assert last_ratio is not None, "never caught the sender mid-drain"
-        assert 1.4 < last_ratio < 2.8, last_ratio  # about twice, generously
+                ratios.append(rows[2] / rows[1])
+        assert ratios, "never caught the sender mid-drain"
+        # A frame of the lighter one may land just before a sample: 5% slack.
+        assert min(ratios) > 0.95, ratios
         for s in (light, heavy):
             await collect(s, n, timeout=60)
 
@@ -235,14 +242,15 @@ async def test_vanished_subscribers_leave_their_topic(hub: GatewayProcess, token
 
 
 async def test_python_subscriber_and_cli(hub: GatewayProcess, token: str) -> None:
-    from gateway.client import Producer, Subscriber
+    from leasecast import Producer, Subscriber
+
     from tests.integration.test_client import run_cli
 
     topic = unique("t")
     async with Subscriber(hub.ws, topic, token=token, credit=4) as subscriber:
         await asyncio.sleep(0.2)
         async with Producer(hub.ws, token=token) as producer:
-            seqs = [await producer.publish(topic, {"i": i}) for i in range(20)]
+            seqs = [(await producer.publish(topic, {"i": i})).seq for i in range(20)]
         assert seqs == list(range(1, 21))
         got = []
         async for message in subscriber:  # credit refills as it consumes: all 20 arrive
@@ -264,7 +272,7 @@ async def test_cli_subscribe_prints_messages(hub: GatewayProcess, token: str) ->
     topic = unique("t")
     env = {"PATH": "/usr/bin:/bin", "LEASECAST_URL": hub.http, "LEASECAST_TOKEN": token}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.client.cli", "subscribe", topic, "--count", "2"],
+        [sys.executable, "-m", "leasecast.cli", "subscribe", topic, "--count", "2"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

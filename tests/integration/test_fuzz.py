@@ -72,7 +72,7 @@ SUCCESS = {
     "disconnect": "disconnected",
 }
 #: Frames the server sends on its own; never replies.
-PUSHES = frozenset({"deliver", "deliveries", "messages", "snapshot"})
+PUSHES = frozenset({"deliver", "deliveries", "messages", "snapshot", "history"})
 #: Codes a well-formed-or-not frame of a known op may get with an admin token
 #: and a healthy store. Never ``unavailable`` (that is the gateway's answer to
 #: an exception of its own), never ``backpressure`` or ``forbidden``.

@@ -427,3 +427,27 @@ async def test_redrive_delete_and_revoke_from_the_admin_are_in_the_admin_log(
     (revoked,) = logged(entries, "token", token_pk)
     assert revoked["message"] == "Revoked."
     assert {e["user"] for e in (redriven, deleted, revoked)} == {STAFF}
+
+
+async def test_topic_history_settings_from_the_admin_are_checked_and_applied(
+    gateway: GatewayProcess, admin_token: str, staff: StaffSession
+) -> None:
+    topic = unique("tadmin")
+    fields = [("name", topic), ("history_ttl", "60"), ("_save", "Save")]
+    page = await asyncio.to_thread(
+        staff.post, "/admin/gateway/topic/add/", [*fields, ("history_size", "-3")]
+    )
+    assert "errorlist" in page  # refused, nothing stored
+    status, doc = await ahttp("GET", f"{gateway.http}/api/topics/{topic}", admin_token)
+    assert status == 200 and doc["history_size"] == 0
+    await asyncio.to_thread(
+        staff.post, "/admin/gateway/topic/add/", [*fields, ("history_size", "50")]
+    )
+    # Applied on the gateway within GATEWAY_QUEUE_SETTINGS_TTL.
+    deadline = asyncio.get_running_loop().time() + 10
+    while True:
+        status, doc = await ahttp("GET", f"{gateway.http}/api/topics/{topic}", admin_token)
+        if (doc["history_size"], doc["history_ttl"]) == (50, 60.0):
+            break
+        assert asyncio.get_running_loop().time() < deadline, doc
+        await asyncio.sleep(0.2)

@@ -41,7 +41,7 @@ from gateway.errors import Backpressure, BadFrame, Invalid, QueueFull, TooLarge
 from gateway.models import Message, Token
 from gateway.store import on_django
 from tests.databases import ROOT, sqlite_database
-from tests.integration.harness import GatewayProcess, Socket, ahttp, http, unique
+from tests.integration.harness import GatewayProcess, Socket, ahttp, both_servers, http, unique
 
 T = TypeVar("T")
 
@@ -143,6 +143,7 @@ async def test_rolled_back_enqueue_is_never_delivered(
     assert not await on_db(row_exists, alias, row)
 
 
+@both_servers
 async def test_committed_enqueue_wakes_a_waiting_worker_once(
     gateway: GatewayProcess, admin_token: str, alias: str
 ) -> None:
@@ -213,6 +214,7 @@ async def test_a_rolled_back_savepoint_takes_only_its_own_messages(
         await worker.quiet(0.5)
 
 
+@both_servers
 async def test_only_the_wake_up_feeds_a_waiting_worker(
     gateway: GatewayProcess, admin_token: str, alias: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -307,6 +309,7 @@ async def test_a_full_bounded_queue_raises_backpressure_and_rolls_back_the_calle
     assert (await queue_state(gateway, admin_token, q))["visible"] == 1
 
 
+@both_servers
 async def test_a_full_block_queue_waits_for_room_outside_a_transaction_only(
     gateway: GatewayProcess, admin_token: str, alias: str
 ) -> None:
@@ -432,11 +435,11 @@ def run_remote(
 
 
 @pytest.fixture(scope="module")
-def remote() -> Iterator[tuple[GatewayProcess, str, str]]:
+def remote(gateway_server: str) -> Iterator[tuple[GatewayProcess, str, str]]:
     """A gateway (SQLite) with an admin token and a token that may only enqueue ``remote-*``."""
     var = Path(tempfile.mkdtemp(prefix="leasecast-remote-"))
     with sqlite_database(var) as env:
-        gw = GatewayProcess(env, var, name="remote")
+        gw = GatewayProcess(env, var, name="remote", server=gateway_server)
         gw.start()
         try:
             yield gw, gw.issue_token("admin", name="admin"), gw.issue_token("enqueue:remote-*")
@@ -494,6 +497,7 @@ def _read_request(conn: socket.socket) -> bytes:
     return head + b"\r\n\r\n" + body
 
 
+@both_servers
 def test_remote_enqueue_over_http_without_the_app(remote: tuple[GatewayProcess, str, str]) -> None:
     gw, admin, narrow = remote
     q = unique("remote-")
@@ -541,6 +545,7 @@ def test_remote_settings_may_come_from_the_environment(
     assert (status, stats["visible"]) == (200, 1)
 
 
+@both_servers
 def test_remote_retry_after_a_dropped_reply_enqueues_once(
     remote: tuple[GatewayProcess, str, str],
 ) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from tests.integration.harness import GatewayProcess, Socket, ahttp, unique
+from tests.integration.harness import GatewayProcess, Socket, ahttp, both_servers, unique
 
 
 async def worker(gw: GatewayProcess, token: str, queue: str, **params: object) -> Socket:
@@ -32,6 +32,7 @@ async def stats(gw: GatewayProcess, token: str, queue: str) -> dict[str, int]:
     return body  # type: ignore[no-any-return]
 
 
+@both_servers
 async def test_enqueue_deliver_ack_round_trip(gateway: GatewayProcess, admin_token: str) -> None:
     q = unique()
     async with (
@@ -48,6 +49,7 @@ async def test_enqueue_deliver_ack_round_trip(gateway: GatewayProcess, admin_tok
     assert (s["visible"], s["in_flight"], s["delayed"], s["dead"]) == (0, 0, 0, 0)
 
 
+@both_servers
 async def test_push_stops_at_prefetch_and_resumes_on_ack(
     gateway: GatewayProcess, admin_token: str
 ) -> None:
@@ -65,6 +67,7 @@ async def test_push_stops_at_prefetch_and_resumes_on_ack(
         await w.quiet(0.3)
 
 
+@both_servers
 async def test_dead_socket_releases_its_leases_at_once(
     gateway: GatewayProcess, admin_token: str
 ) -> None:
@@ -306,6 +309,7 @@ async def test_delivery_order_is_enqueue_order(gateway: GatewayProcess, admin_to
         assert [d["body"] for d in got] == list(range(50))
 
 
+@both_servers
 async def test_idle_worker_is_woken_by_enqueue_without_polling(
     gateway: GatewayProcess, admin_token: str
 ) -> None:
@@ -337,6 +341,7 @@ async def test_purge_deletes_all_but_in_flight(gateway: GatewayProcess, admin_to
         await w.quiet(0.3)
 
 
+@both_servers
 async def test_http_batch_enqueue_all_or_nothing(gateway: GatewayProcess, admin_token: str) -> None:
     q = unique()
     url = f"{gateway.http}/api/queues/{q}/messages"
@@ -354,6 +359,7 @@ async def test_http_batch_enqueue_all_or_nothing(gateway: GatewayProcess, admin_
     assert (await stats(gateway, admin_token, q))["visible"] == 1
 
 
+@both_servers
 async def test_batch_extensions_enqueue_many_deliveries_ack_many(
     gateway: GatewayProcess, admin_token: str
 ) -> None:

@@ -16,8 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from leasecast.cli import build_parser, main
 
-from gateway.client.cli import build_parser, main
 from tests.unit.test_client_worker import TOKEN, FakeGateway
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
+from leasecast import EnqueueResult, Producer, PublishResult
+from leasecast.producer import CHUNK
 
-from gateway.client import Producer
-from gateway.client.producer import CHUNK
 from gateway.errors import BadFrame, ConnectionClosed, Forbidden, Invalid, Unauthorized
 from tests.unit.test_client_worker import TOKEN, FakeGateway
 
@@ -22,14 +22,12 @@ async def test_enqueue_with_keys_and_publish(gateway: FakeGateway) -> None:
     async with Producer(gateway.http, token=TOKEN) as producer:
         assert producer.url == f"{gateway.ws}/ws/produce/"
         first = await producer.enqueue("emails", {"to": "ada"}, key="signup-1")
-        assert first == {"id": "m1", "duplicate": False}
-        assert await producer.enqueue("emails", {"to": "ada"}, key="signup-1") == {
-            "id": "m1",
-            "duplicate": True,
-        }
+        assert first == EnqueueResult(id="m1", duplicate=False)
+        again = await producer.enqueue("emails", {"to": "ada"}, key="signup-1")
+        assert again == EnqueueResult(id="m1", duplicate=True)
         await producer.enqueue("emails", "later", delay=60)
-        assert await producer.publish("prices", {"EURUSD": 1.09}) == 1
-        assert await producer.publish("prices", {"EURUSD": 1.1}) == 2
+        assert await producer.publish("prices", {"EURUSD": 1.09}) == PublishResult("prices", 1)
+        assert (await producer.publish("prices", {"EURUSD": 1.1})).seq == 2
     assert [m.body for m in gateway.queues["emails"]] == [{"to": "ada"}, "later"]
     assert gateway.published == [("prices", {"EURUSD": 1.09}), ("prices", {"EURUSD": 1.1})]
     enqueue = gateway.received[0]
@@ -48,7 +46,7 @@ async def test_enqueue_many_pipelines_chunks_and_keeps_order(gateway: FakeGatewa
     async with Producer(gateway.ws, token=TOKEN) as producer:
         results = await producer.enqueue_many("bulk", [{"body": i} for i in range(n)])
         assert await producer.enqueue_many("bulk", []) == []
-    assert [r["id"] for r in results] == [f"m{i + 1}" for i in range(n)]
+    assert [r.id for r in results] == [f"m{i + 1}" for i in range(n)]
     assert [m.body for m in gateway.queues["bulk"]] == list(range(n))
     frames = gateway.received
     assert [f["op"] for f in frames] == ["enqueue_many"] * 3
@@ -63,9 +61,9 @@ async def test_enqueue_many_falls_back_to_single_frames_on_a_v1_gateway() -> Non
             messages = [{"body": i, "key": f"k{i % 1500}"} for i in range(1500 + 3)]
             results = await producer.enqueue_many("bulk", messages)
             again = await producer.enqueue_many("bulk", [{"body": "x"}])
-        assert [r["duplicate"] for r in results] == [False] * 1500 + [True] * 3
-        assert results[1500]["id"] == results[0]["id"]
-        assert again == [{"id": "m1501", "duplicate": False}]
+        assert [r.duplicate for r in results] == [False] * 1500 + [True] * 3
+        assert results[1500].id == results[0].id
+        assert again == [EnqueueResult("m1501", False)]
         ops = [f["op"] for f in gateway.received]
         # Two refused batch frames, then one frame per message; the next call
         # remembers and sends no batch frame at all.
@@ -148,7 +146,7 @@ async def test_refusals_raise_and_the_socket_stays_usable(gateway: FakeGateway) 
             await producer.enqueue("secret", 1)
         with pytest.raises(Invalid):
             await producer.enqueue("q", 1, delay=-1)
-        assert (await producer.enqueue("q", 1))["duplicate"] is False
+        assert (await producer.enqueue("q", 1)).duplicate is False
         assert producer.connected
     assert gateway.handshakes == 1
 
@@ -169,7 +167,7 @@ async def test_a_call_in_flight_during_a_drop_raises_and_the_next_reconnects(
         assert not producer.connected
         gateway.drop_on = lambda frame: False
         # Retrying with the same key is safe: at most one copy is stored.
-        assert (await producer.enqueue("q", "boom", key="once"))["duplicate"] is False
+        assert (await producer.enqueue("q", "boom", key="once")).duplicate is False
         assert producer.connected
     assert gateway.handshakes == 2
 

@@ -7,10 +7,9 @@ import subprocess
 import sys
 
 import pytest
-
-from gateway.client import Producer, Worker
-from gateway.client.cli import UsageError, build_parser, enqueue_options, parse_bodies
-from gateway.client.link import (
+from leasecast import Producer, Worker
+from leasecast.cli import UsageError, build_parser, enqueue_options, parse_bodies
+from leasecast.link import (
     PendingReplies,
     backoff_delays,
     http_url,
@@ -18,6 +17,7 @@ from gateway.client.link import (
     permanent,
     ws_url,
 )
+
 from gateway.errors import ConnectionClosed, Forbidden, Invalid, Unauthorized, Unavailable
 
 
@@ -75,7 +75,12 @@ def test_backoff_never_starts_above_its_cap() -> None:
 def test_names_are_quoted_into_paths() -> None:
     assert name_path("/ws/queues/", "emails.high-1") == "/ws/queues/emails.high-1/"
     assert name_path("ws/topics", "a b/c") == "/ws/topics/a%20b%2Fc/"
-    assert Worker("h:1", "a b", token="t").url == "ws://h:1/ws/queues/a%20b/?prefetch=10"
+    # The fast path asks for batches of up to prefetch deliveries; batch=False is v1.
+    assert Worker("h:1", "a b", token="t").url == "ws://h:1/ws/queues/a%20b/?prefetch=10&batch=10"
+    assert Worker("h:1", "a", token="t", batch=False).url == "ws://h:1/ws/queues/a/?prefetch=10"
+    assert Worker("h:1", "a", token="t", prefetch=1).url == "ws://h:1/ws/queues/a/?prefetch=1"
+    assert "batch=1000&" not in Worker("h:1", "a", token="t", prefetch=5000).url
+    assert Worker("h:1", "a", token="t", prefetch=5000).url.endswith("prefetch=5000&batch=1000")
     assert Producer("https://h/ignored?x=1", token="t").url == "wss://h/ws/produce/"
 
 
@@ -103,9 +108,30 @@ async def test_replies_resolve_their_own_request_in_any_order() -> None:
 
 def test_the_client_imports_without_django() -> None:
     code = (
-        "import sys, gateway.client, gateway.client.cli;"
-        "bad = [m for m in sys.modules if m.split('.')[0] in ('django', 'channels')];"
+        "import sys, leasecast, leasecast.cli;"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('django', 'channels', 'gateway')];"
         "assert not bad, bad"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_clis_limits_are_the_gateways() -> None:
+    # The client cannot import gateway.protocol; its copies must not drift.
+    from leasecast import cli
+
+    from gateway import protocol
+
+    assert cli.MAX_GROUP_LENGTH == protocol.MAX_GROUP_LENGTH
+    assert cli.MAX_PRIORITY == protocol.MAX_PRIORITY
+    assert cli.MAX_TTL == protocol.MAX_TTL
+
+
+def test_gateway_errors_are_the_clients_classes() -> None:
+    # One error tree: what the gateway raises is what a client catches.
+    import leasecast.errors
+
+    import gateway.errors
+
+    for name in leasecast.errors.__all__:
+        assert getattr(gateway.errors, name) is getattr(leasecast.errors, name)

@@ -3,7 +3,9 @@
 :class:`TopicGateway` extends the worker tests' :class:`FakeGateway` (a real
 ``websockets`` server on 127.0.0.1) with ``/ws/topics/TOPIC/``: a credit
 window per socket and ``messages`` frames, as PROTOCOL.md describes them, plus
-switches to close sockets with a given code. The integration tests
+switches to close sockets with a given code, and (``history=N``) protocol
+1.1 topic history: offsets, an epoch, ``recover=latest`` and
+``since``/``epoch`` resume with their ``subscribed`` frames. The integration tests
 (tests/integration/test_client.py) do the same against a real gateway.
 """
 
@@ -18,10 +20,10 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
+from leasecast import Message, Subscribed, Subscriber
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed as WsConnectionClosed
 
-from gateway.client import Message, Subscriber
 from gateway.errors import ConnectionClosed, Forbidden, Unauthorized
 from tests.unit.test_client_worker import TOKEN, FakeGateway
 
@@ -34,18 +36,29 @@ class TopicSocket:
     topic: str
     credit: int
     seq: int = 0
-    pending: list[tuple[int, Any]] = field(default_factory=list)
+    pending: list[tuple[int, Any, int | None]] = field(default_factory=list)
     granted: list[int] = field(default_factory=list)  # the n of each credit frame
 
 
 class TopicGateway(FakeGateway):
     """:class:`FakeGateway` with broadcast topics."""
 
-    def __init__(self) -> None:
+    def __init__(self, history: int = 0) -> None:
         super().__init__()
         self.topics: dict[str, list[TopicSocket]] = defaultdict(list)
         #: every topic socket ever accepted, in order
         self.history: list[TopicSocket] = []
+        #: messages kept per topic (0: a gateway without topic history)
+        self.keep = history
+        self.epoch = "e1"
+        self.offsets: dict[str, int] = defaultdict(int)
+        self.logs: dict[str, list[tuple[int, Any]]] = defaultdict(list)
+
+    def reset_history(self, epoch: str) -> None:
+        """Lose every topic's history: offsets restart under a new epoch."""
+        self.epoch = epoch
+        self.offsets.clear()
+        self.logs.clear()
 
     async def _handle(self, conn: ServerConnection) -> None:
         assert conn.request is not None
@@ -65,6 +78,10 @@ class TopicGateway(FakeGateway):
         self.sockets.add(conn)
         self.topics[topic].append(sub)
         self.history.append(sub)
+        if self.keep and "since" in query:
+            await self._resume(sub, int(query["since"]), query.get("epoch", ""))
+        elif self.keep and query.get("recover") == "latest":
+            await self._latest(sub)
         try:
             async for text in conn:
                 frame = json.loads(text)
@@ -79,13 +96,45 @@ class TopicGateway(FakeGateway):
             self.sockets.discard(conn)
             self.topics[topic].remove(sub)
 
+    async def _latest(self, sub: TopicSocket) -> None:
+        log = self.logs[sub.topic]
+        frame = {"op": "subscribed", "topic": sub.topic, "epoch": self.epoch}
+        frame |= {"offset": self.offsets[sub.topic], "recovered": bool(log)}
+        await self._send(sub.conn, frame)
+        if log:
+            sub.seq += 1
+            sub.pending.append((sub.seq, log[-1][1], log[-1][0]))
+            await self._flush(sub, 0)
+
+    async def _resume(self, sub: TopicSocket, since: int, epoch: str) -> None:
+        log = self.logs[sub.topic]
+        oldest = log[0][0] if log else self.offsets[sub.topic] + 1
+        recovered = epoch == self.epoch and oldest - 1 <= since <= self.offsets[sub.topic]
+        frame = {"op": "subscribed", "topic": sub.topic, "epoch": self.epoch}
+        frame |= {"offset": self.offsets[sub.topic], "recovered": recovered}
+        await self._send(sub.conn, frame)
+        if recovered:
+            for offset, body in log:
+                if offset > since:
+                    sub.seq += 1
+                    sub.pending.append((sub.seq, body, offset))
+            await self._flush(sub, 0)
+
     async def publish(self, topic: str, *bodies: Any, dropped: int = 0) -> None:
         """Offer ``bodies`` to every socket of ``topic``, reporting ``dropped`` losses first."""
+        offsets: list[int | None] = []
+        for body in bodies:
+            if self.keep:
+                self.offsets[topic] += 1
+                self.logs[topic] = [*self.logs[topic], (self.offsets[topic], body)][-self.keep :]
+                offsets.append(self.offsets[topic])
+            else:
+                offsets.append(None)
         for sub in list(self.topics[topic]):
             sub.seq += dropped
-            for body in bodies:
+            for body, offset in zip(bodies, offsets, strict=True):
                 sub.seq += 1
-                sub.pending.append((sub.seq, body))
+                sub.pending.append((sub.seq, body, offset))
             await self._flush(sub, dropped)
 
     async def _flush(self, sub: TopicSocket, dropped: int) -> None:
@@ -96,7 +145,10 @@ class TopicGateway(FakeGateway):
             frame = {
                 "op": "messages",
                 "topic": sub.topic,
-                "items": [{"seq": seq, "body": body} for seq, body in items],
+                "items": [
+                    {"seq": seq, "body": body} | ({} if offset is None else {"offset": offset})
+                    for seq, body, offset in items
+                ],
                 "dropped": dropped,
             }
             await self._send(sub.conn, frame)
@@ -280,3 +332,105 @@ async def test_an_unreachable_gateway_fails_fast_on_first_use() -> None:
     with pytest.raises(ConnectionClosed, match="cannot connect"):
         await take(aiter(subscriber), 1)
     await subscriber.close()
+
+
+# -- resume (protocol 1.1: topic history) --------------------------------------------
+
+
+async def test_a_reconnect_resumes_from_the_last_offset_with_no_gap() -> None:
+    async with TopicGateway(history=100) as gateway:
+        await gateway.publish("prices", "old")  # before subscribing: not wanted
+        gaps: list[Subscribed] = []
+        subscriber = Subscriber(
+            gateway.ws, "prices", token=TOKEN, backoff_initial=0.01, on_gap=gaps.append
+        )
+        async with subscriber:
+            messages = aiter(subscriber)
+            await gateway.subscribed("prices", 1)
+            # The first socket learnt the epoch (recover=latest) and skipped "old".
+            assert gateway.paths[0].endswith("&recover=latest")
+            await gateway.publish("prices", "a", "b")
+            got = await take(messages, 2)
+            assert [(m.body, m.offset) for m in got] == [("a", 2), ("b", 3)]
+            gateway.drop()
+            await gateway.publish("prices", "missed-1", "missed-2")  # while disconnected
+            waiting = asyncio.create_task(take(messages, 3))
+            await gateway.subscribed("prices", 2)
+            await gateway.publish("prices", "live")
+            after = await waiting
+            assert [(m.body, m.offset) for m in after] == [
+                ("missed-1", 4),
+                ("missed-2", 5),
+                ("live", 6),
+            ]
+            assert "since=3&epoch=e1" in gateway.paths[1]
+            assert subscriber.subscribed == Subscribed("prices", "e1", 5, recovered=True)
+            assert subscriber.gaps == 0 and gaps == []
+            assert (subscriber.position.offset, subscriber.position.epoch) == (6, "e1")
+
+
+async def test_an_unrecoverable_resume_is_told(caplog: pytest.LogCaptureFixture) -> None:
+    async with TopicGateway(history=100) as gateway:
+        gaps: list[Subscribed] = []
+
+        async def on_gap(frame: Subscribed) -> None:  # an async callback works too
+            gaps.append(frame)
+
+        subscriber = Subscriber(
+            gateway.ws, "prices", token=TOKEN, backoff_initial=0.01, on_gap=on_gap
+        )
+        async with subscriber:
+            messages = aiter(subscriber)
+            await gateway.subscribed("prices", 1)
+            await gateway.publish("prices", "a")
+            assert [m.offset for m in await take(messages, 1)] == [1]
+            gateway.drop()
+            gateway.reset_history("e2")  # the history was lost: offsets restart
+            await gateway.publish("prices", "lost")
+            waiting = asyncio.create_task(take(messages, 1))
+            await gateway.subscribed("prices", 2)
+            await gateway.publish("prices", "live")
+            assert [(m.body, m.offset) for m in await waiting] == [("live", 2)]
+        assert gaps == [Subscribed("prices", "e2", 1, recovered=False)]
+        assert subscriber.gaps == 1 and subscriber.subscribed == gaps[0]
+        assert "could not resume" in caplog.text
+        # Resuming from then on uses the new epoch.
+        assert subscriber.position.params() == {"since": 2, "epoch": "e2"}
+
+
+async def test_a_saved_position_is_resumed_by_a_new_subscriber() -> None:
+    async with TopicGateway(history=100) as gateway:
+        await gateway.publish("prices", *range(5))
+        subscriber = Subscriber(gateway.ws, "prices", token=TOKEN, since=2, epoch="e1")
+        async with subscriber:
+            got = await take(aiter(subscriber), 2)
+        assert [(m.body, m.offset) for m in got] == [(2, 3), (3, 4)]
+        assert "since=2&epoch=e1" in gateway.paths[0]
+
+
+async def test_without_topic_history_a_subscriber_behaves_as_in_v1(
+    gateway: TopicGateway,
+) -> None:
+    subscriber = Subscriber(gateway.ws, "prices", token=TOKEN, backoff_initial=0.01)
+    async with subscriber:
+        messages = aiter(subscriber)
+        await gateway.subscribed("prices", 1)
+        await gateway.publish("prices", "a")
+        assert [(m.body, m.offset) for m in await take(messages, 1)] == [("a", None)]
+        gateway.drop()
+        waiting = asyncio.create_task(take(messages, 1))
+        await gateway.subscribed("prices", 2)
+        await gateway.publish("prices", "b")
+        assert [m.body for m in await waiting] == ["b"]
+    assert all("since" not in path for path in gateway.paths)
+    assert subscriber.subscribed is None and subscriber.gaps == 0
+
+
+async def test_resume_false_never_asks_for_a_position() -> None:
+    async with TopicGateway(history=100) as gateway:
+        subscriber = Subscriber(gateway.ws, "prices", token=TOKEN, resume=False)
+        async with subscriber:
+            await gateway.subscribed("prices", 1)
+            await gateway.publish("prices", "a")
+            assert [m.offset for m in await take(aiter(subscriber), 1)] == [1]
+        assert "since" not in gateway.paths[0]

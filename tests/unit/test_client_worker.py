@@ -3,7 +3,9 @@
 :class:`FakeGateway` is a tiny in-memory gateway (one ``websockets`` server on
 127.0.0.1, port 0): worker sockets with leases, the produce socket, bearer
 tokens, refusals (HTTP 403, close 4403/4400) and switches to drop sockets,
-refuse handshakes and delay replies. The producer and CLI tests use it too.
+refuse handshakes and delay replies; the batch extensions (``batch``
+deliveries, ``ack_many``, ``enqueue_many``), ``refresh`` of signed tokens and
+``backpressure`` with ``retry_after``. The producer and CLI tests use it too.
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
+from leasecast import Delivery, EnqueueResult, Worker
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed as WsConnectionClosed
 from websockets.http11 import Request, Response
 
-from gateway.client import Delivery, Worker
 from gateway.errors import (
     BadFrame,
     ConnectionClosed,
@@ -75,6 +77,15 @@ class FakeGateway:
         self.drop_on: Callable[[dict[str, Any]], bool] = lambda frame: False
         #: send frames that are not JSON objects before each delivery
         self.noise = False
+        #: other tokens accepted besides ``token`` (signed tokens of the tests)
+        self.tokens: set[str] = set()
+        #: answer ``refresh`` with this ``expires_in`` (None: ``forbidden``)
+        self.refresh_expires_in: float | None = 60.0
+        #: refuse this many next frames with ``backpressure`` and this ``retry_after``
+        self.rate_limited = 0
+        self.retry_after: float | None = 0.01
+        #: whether ``ack_many`` is known (False: a gateway without the extension)
+        self.ack_many_op = True
 
         self.handshakes = 0
         self.paths: list[str] = []  # of the sockets accepted
@@ -137,7 +148,9 @@ class FakeGateway:
         if self.refuse_handshakes > 0:
             self.refuse_handshakes -= 1
             return conn.respond(self.refuse_status, "try later\n")
-        if request.headers.get("Authorization") != f"Bearer {self.token}":
+        if request.headers.get("Authorization") not in {
+            f"Bearer {t}" for t in {self.token, *self.tokens}
+        }:
             return conn.respond(403, "Forbidden\n")
         return None
 
@@ -174,7 +187,8 @@ class FakeGateway:
             await conn.close(4400)
             return
         leases: dict[str, Msg] = {}
-        pusher = asyncio.create_task(self._push(conn, queue, prefetch, leases))
+        batch = int(query.get("batch", "1"))
+        pusher = asyncio.create_task(self._push(conn, queue, prefetch, leases, batch))
         try:
             await self._serve_frames(conn, queue, leases)
         finally:
@@ -222,6 +236,16 @@ class FakeGateway:
     ) -> None:
         await asyncio.sleep(delay)
         try:
+            if self.rate_limited > 0:
+                self.rate_limited -= 1
+                detail = "over the token's rate"
+                reply: dict[str, Any] = {"op": "error", "code": "backpressure", "detail": detail}
+                if self.retry_after is not None:
+                    reply["retry_after"] = self.retry_after
+                if "ref" in frame:
+                    reply["ref"] = frame["ref"]
+                await self._send(conn, reply)
+                return
             reply = self._apply(frame, own_queue, leases)
         except ProtocolError as exc:
             reply = {"op": "error", "code": exc.code, "detail": exc.detail}
@@ -236,6 +260,18 @@ class FakeGateway:
         self, frame: dict[str, Any], own_queue: str | None, leases: dict[str, Msg]
     ) -> dict[str, Any]:
         op = frame.get("op")
+        if op == "refresh":
+            if self.refresh_expires_in is None:
+                raise Forbidden("refused refresh")
+            self.tokens.add(str(frame["token"]))
+            return {"op": "refreshed", "expires_in": self.refresh_expires_in}
+        if op == "ack_many" and own_queue is not None and self.ack_many_op:
+            stale = [r for r in frame["receipts"] if r not in leases]
+            for receipt in frame["receipts"]:
+                if receipt in leases:
+                    self.acked.append(leases.pop(receipt).body)
+            acked = len(frame["receipts"]) - len(stale)
+            return {"op": "acked_many", "acked": acked, "stale": stale}
         if op in ("ack", "nack", "reject", "extend") and own_queue is not None:
             receipt = frame.get("receipt")
             if not isinstance(receipt, str):
@@ -311,13 +347,22 @@ class FakeGateway:
         return {"id": f"m{msg.seq}", "duplicate": False}
 
     async def _push(
-        self, conn: ServerConnection, queue: str, prefetch: int, leases: dict[str, Msg]
+        self,
+        conn: ServerConnection,
+        queue: str,
+        prefetch: int,
+        leases: dict[str, Msg],
+        batch: int = 1,
     ) -> None:
         def ready() -> Msg | None:
             now = time.monotonic()
             if len(leases) >= prefetch:
                 return None
             return next((m for m in self.queues[queue] if m.visible_at <= now), None)
+
+        if batch > 1:
+            await self._push_batches(conn, queue, prefetch, leases, batch, ready)
+            return
 
         while True:
             async with self._changed:
@@ -351,6 +396,48 @@ class FakeGateway:
             if msg.group is not None:
                 deliver["group"] = msg.group
             await self._send(conn, deliver)
+
+    async def _push_batches(
+        self,
+        conn: ServerConnection,
+        queue: str,
+        prefetch: int,
+        leases: dict[str, Msg],
+        batch: int,
+        ready: Callable[[], Msg | None],
+    ) -> None:
+        """``deliveries`` frames of up to ``batch`` items (the batch extension)."""
+        while True:
+            async with self._changed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self._changed.wait_for(lambda: ready() is not None), 0.02
+                    )
+                items = []
+                while len(items) < batch and (msg := ready()) is not None:
+                    self.queues[queue].remove(msg)
+                    msg.deliveries += 1
+                    receipt = f"r{next(self._receipts)}"
+                    leases[receipt] = msg
+                    item = {
+                        "id": f"m{msg.seq}",
+                        "receipt": receipt,
+                        "body": msg.body,
+                        "deliveries": msg.deliveries,
+                        "expires_in": 30.0,
+                    }
+                    if msg.group is not None or msg.priority != 0:
+                        item["priority"] = msg.priority
+                    if msg.group is not None:
+                        item["group"] = msg.group
+                    items.append(item)
+            if items:
+                await self._send(conn, {"op": "deliveries", "queue": queue, "items": items})
+
+    async def close_sockets(self, code: int) -> None:
+        """Close every socket with ``code`` (e.g. 4401: token expired)."""
+        for conn in list(self.sockets):
+            await conn.close(code)
 
     async def _notify(self) -> None:
         async with self._changed:
@@ -390,8 +477,8 @@ async def test_worker_iterates_and_ends_leases(gateway: FakeGateway) -> None:
         await c.reject()
         assert await d.extend(90) == 90.0 and d.expires_in == 90.0
         assert await d.ack(enqueue=[{"body": "next"}, {"queue": "other", "body": "x"}]) == [
-            {"id": "m5", "duplicate": False},
-            {"id": "m6", "duplicate": False},
+            EnqueueResult("m5", False),
+            EnqueueResult("m6", False),
         ]
         again, follow_up = await take(deliveries, 2)
         assert (again.body, again.deliveries, again.id) == ("b", 2, b.id)
@@ -408,8 +495,9 @@ async def test_worker_iterates_and_ends_leases(gateway: FakeGateway) -> None:
 
 def test_worker_url_carries_prefetch_and_visibility_timeout() -> None:
     worker = Worker("http://h:1", "emails.x", token=TOKEN, prefetch=3, visibility_timeout=7.5)
-    assert worker.url == "ws://h:1/ws/queues/emails.x/?prefetch=3&visibility_timeout=7.5"
-    assert Worker("https://h", "q", token=TOKEN).url == "wss://h/ws/queues/q/?prefetch=10"
+    assert worker.url == "ws://h:1/ws/queues/emails.x/?prefetch=3&visibility_timeout=7.5&batch=3"
+    v1 = Worker("https://h", "q", token=TOKEN, batch=False)
+    assert v1.url == "wss://h/ws/queues/q/?prefetch=10"
 
 
 async def test_error_replies_raise_and_the_socket_stays_usable(gateway: FakeGateway) -> None:
@@ -445,7 +533,13 @@ async def test_replies_are_matched_by_ref_whatever_their_order(gateway: FakeGate
         assert await acking == []
     ops = [f["op"] for f in gateway.sent]
     assert ops.index("rejected") < ops.index("acked")
-    assert ops.index("deliver", ops.index("rejected")) < ops.index("acked")
+    # The frame that carried "third" ("deliver", or a "deliveries" batch).
+    bodies = [
+        [f.get("body")] if f["op"] == "deliver" else [i["body"] for i in f.get("items", [])]
+        for f in gateway.sent
+    ]
+    third_at = next(i for i, b in enumerate(bodies) if "third" in b)
+    assert third_at < ops.index("acked")
 
 
 async def test_many_concurrent_requests_each_get_their_own_reply(gateway: FakeGateway) -> None:
@@ -472,8 +566,8 @@ async def test_frames_that_are_not_json_objects_are_ignored(gateway: FakeGateway
 async def test_worker_enqueue_to_its_own_queue_and_others(gateway: FakeGateway) -> None:
     async with Worker(gateway.ws, "jobs", token=TOKEN) as worker:
         first = await worker.enqueue({"n": 1}, key="k")
-        assert first == {"id": "m1", "duplicate": False}
-        assert await worker.enqueue({"n": 1}, key="k") == {"id": "m1", "duplicate": True}
+        assert first == EnqueueResult("m1", False)
+        assert await worker.enqueue({"n": 1}, key="k") == EnqueueResult("m1", True)
         await worker.enqueue("elsewhere", queue="other", delay=5)
         with pytest.raises(Forbidden):
             await worker.enqueue(1, queue="secret")
@@ -498,6 +592,7 @@ async def test_deliveries_carry_group_and_priority_when_the_message_has_them(
     assert (urgent.group, urgent.priority) == (None, -100)
     # What the gateway sent: the fields only on the messages that have them.
     sent = [f for f in gateway.sent if f["op"] == "deliver"]
+    sent += [item for f in gateway.sent if f["op"] == "deliveries" for item in f["items"]]
     assert ["group" in f for f in sent] == [False, True, False]
     assert ["priority" in f for f in sent] == [False, True, True]
     assert "group='order-7'" in repr(grouped) and "priority=-100" in repr(urgent)
@@ -703,5 +798,6 @@ def test_delivery_repr_hides_the_socket() -> None:
         "group",
         "priority",
         "_link",
+        "_acks",
     }
     assert not fields["_link"].repr

@@ -176,3 +176,100 @@ def test_idle_topics_without_subscribers_are_forgotten() -> None:
     assert d.forget_idle(300) == ["idle"]  # "kept" has a subscriber; "busy" published lately
     assert set(d.published) == {"kept", "busy"} and set(d.publish_rate) == {"kept", "busy"}
     assert d.publish("idle", body(3)).seq == 1  # a forgotten topic's counter starts again
+
+
+def test_beyond_keep_the_least_recently_published_unsubscribed_topics_are_forgotten() -> None:
+    clock = FakeClock()
+    d = Dispatcher(clock)
+    d.subscribe("kept", capacity=10, policy=Policy.DROP_OLDEST)
+    for topic in ("kept", "oldest", "older", "newer", "newest"):
+        d.publish(topic, body(1))
+        clock.advance(1)
+    # None is idle yet; five are counted and three may stay: the two least
+    # recently published without a subscriber go, never the subscribed one.
+    assert d.forget_idle(300, keep=3) == ["oldest", "older"]
+    assert set(d.publish_rate) == {"kept", "newer", "newest"}
+    assert d.forget_idle(300, keep=3) == []  # at the limit: nothing more
+    # A subscribed topic is kept even past the limit; the others give way.
+    assert d.forget_idle(300, keep=0) == ["newer", "newest"]
+    assert set(d.published) == {"kept"}
+
+
+# -- transport backpressure (DESIGN decision 14)
+
+
+def test_a_paused_subscriber_is_not_drained_and_its_policy_applies() -> None:
+    d = Dispatcher(FakeClock())
+    stalled = d.subscribe("t", capacity=3, policy=Policy.DROP_OLDEST, credit=100)
+    other = d.subscribe("t", capacity=100, policy=Policy.DROP_OLDEST, credit=100)
+    d.pause(stalled.sid)
+    for i in range(5):
+        d.publish("t", body(i))
+    assert received(d) == {other.sid: [0, 1, 2, 3, 4]}
+    assert not d.has_ready
+    # Credit does not make it ready either: its transport has no room.
+    d.grant(stalled.sid, 10)
+    assert not d.has_ready
+    assert stalled.buffered == 3 and stalled.dropped_oldest == 2 and stalled.delivered == 0
+    check_books(stalled)
+    d.resume(stalled.sid)
+    assert d.has_ready
+    served = {sub.sid: (items, dropped) for sub, items, dropped in d.drain(100)}
+    assert served == {stalled.sid: ([(3, b"2"), (4, b"3"), (5, b"4")], 2)}
+    check_books(stalled)
+
+
+def test_a_paused_block_subscriber_stays_full() -> None:
+    d = Dispatcher(FakeClock())
+    sub = d.subscribe("t", capacity=2, policy=Policy.BLOCK, credit=100)
+    d.pause(sub.sid)
+    d.publish("t", body(1))
+    d.publish("t", body(2))
+    outcome = d.publish("t", body(3))
+    assert outcome.blocked == [sub]
+    assert d.drain(100) == []
+    assert d.offer_again(outcome.blocked, body(3)) == [sub]  # still full: no room was made
+    d.resume(sub.sid)
+    assert received(d) == {sub.sid: [1, 2]}
+    assert d.offer_again([sub], body(3)) == []
+    assert received(d) == {sub.sid: [3]}
+
+
+def test_pausing_the_subscriber_a_drain_cut_short_drops_its_turn() -> None:
+    d = Dispatcher(FakeClock(), quantum=4)
+    a = d.subscribe("t", capacity=100, policy=Policy.DROP_OLDEST, credit=100)
+    b = d.subscribe("t", capacity=100, policy=Policy.DROP_OLDEST, credit=100)
+    for i in range(10):
+        d.publish("t", body(i))
+    assert received(d, budget=2) == {a.sid: [0, 1]}  # a's turn was cut short
+    d.pause(a.sid)
+    assert a.deficit == 0
+    assert received(d) == {b.sid: list(range(10))}
+    d.resume(a.sid)
+    assert received(d) == {a.sid: list(range(2, 10))}
+
+
+def test_a_paused_subscriber_with_unreported_drops_is_told_once_resumed() -> None:
+    d = Dispatcher(FakeClock())
+    sub = d.subscribe("t", capacity=5, policy=Policy.DROP_OLDEST, credit=10)
+    d.pause(sub.sid)
+    d.lose("t", 3)
+    assert d.drain(100) == []
+    d.resume(sub.sid)
+    served = {s.sid: (items, dropped) for s, items, dropped in d.drain(100)}
+    assert served == {sub.sid: ([], 3)}
+
+
+def test_pause_and_resume_of_unknown_or_repeated_sids_change_nothing() -> None:
+    d = Dispatcher(FakeClock())
+    sub = d.subscribe("t", capacity=5, policy=Policy.DROP_OLDEST, credit=10)
+    d.pause(999)
+    d.resume(999)
+    d.resume(sub.sid)  # not paused: nothing to do
+    d.pause(sub.sid)
+    d.pause(sub.sid)
+    d.publish("t", body(1))
+    assert not d.has_ready
+    d.unsubscribe(sub.sid)
+    d.resume(sub.sid)  # gone: never ready again
+    assert not d.has_ready

@@ -242,7 +242,7 @@ def test_a_refused_success_becomes_failed_then_a_reject() -> None:
     assert isinstance(fallback, Ack) and fallback.fallback
     outcome = fallback.outcome
     assert outcome["status"] == "FAILED" and "return_value" not in outcome
-    assert outcome["error"]["exception_class_path"] == "gateway.errors.TooLarge"
+    assert outcome["error"]["exception_class_path"] == "leasecast.errors.TooLarge"
     assert "too_large" in outcome["error"]["traceback"]
     assert isinstance(refused(fallback, TooLarge("again")), Reject)
 
@@ -401,7 +401,7 @@ async def test_a_refused_outcome_falls_back_to_failed() -> None:
     (_, first), (op2, second) = delivery.sent
     assert first["status"] == "SUCCESSFUL"
     assert (op2, second["status"]) == ("ack", "FAILED")
-    assert second["error"]["exception_class_path"] == "gateway.errors.TooLarge"
+    assert second["error"]["exception_class_path"] == "leasecast.errors.TooLarge"
 
 
 async def test_a_lost_lease_is_logged_and_nothing_else_is_sent() -> None:

@@ -1,13 +1,32 @@
-// Leasecast dashboard: renders the snapshot /ws/dashboard/ pushes every second.
-// Plain JavaScript, no build step. Every value from the server is inserted as
-// text (textContent), never as HTML: queue names, topics and clients are data.
+// Leasecast dashboard: draws what /ws/dashboard/ sends: the gateway's 15 minutes
+// of rate history once, then a snapshot every second. Plain JavaScript and SVG,
+// no build step, no library (docs/dashboard.md says why). Every value from the
+// server is inserted as text (textContent, setAttribute), never as HTML: queue
+// names, topics, clients and message bodies are data.
 "use strict";
 
-const HISTORY = 60; // points in each sparkline (one a second)
-const series = { enqueued: [], acked: [], fanout: [], drops: [] };
-const queueSeries = {}; // queue -> {enqueued: [], acked: [], redelivered: []}
-let previous = null; // the last snapshot, for rates
+const SVG = "http://www.w3.org/2000/svg";
+const PAGE = 50; // rows per table page: 1,000 sockets draw 50 rows, not 1,000
+const QUEUE_SERIES = ["enqueued", "acked", "redelivered", "dead_lettered"];
+const TOPIC_SERIES = ["published", "delivered", "dropped"];
+const HEAT_ROWS = 40; // consumers shown in the heatmap, worst first
+
+const state = {
+  bucket: 5,
+  keep: 180,
+  samples: [], // [{t, queues: {q: [4]}, topics: {t: [3]}, consumers: {key: ratio}}], oldest first
+  labels: {}, // consumer key -> {process, socket, topic, client, policy}
+  snapshot: null,
+  pages: { queues: 0, topics: 0, sockets: 0 },
+  browser: { queue: null, state: "visible", after: null, pageNo: 1, messages: [] },
+};
+// Scripting time of each render (ms), newest last: the browser tests and
+// bench read it (docs/benchmarks.md).
+window.leasecastRenderTimes = [];
+window.leasecastFrameTimes = [];
 let socket = null;
+
+// -- small helpers ---------------------------------------------------------------
 
 function el(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -22,42 +41,45 @@ function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+function svgEl(tag, attrs = {}) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, value);
+  return node;
+}
+
+function setText(node, text) {
+  const value = String(text);
+  if (node.textContent !== value) node.textContent = value;
+}
+
+// One formatter per precision: toLocaleString with options builds a new
+// Intl.NumberFormat per call, which was most of a 1,000-socket update.
+const formats = {};
+
 function num(value, digits = 0) {
-  return Number(value || 0).toLocaleString(undefined, { maximumFractionDigits: digits });
+  const format = (formats[digits] ||= new Intl.NumberFormat(undefined, { maximumFractionDigits: digits }));
+  return format.format(Number(value || 0));
+}
+
+function rate(value) {
+  const v = Number(value || 0);
+  return num(v, v < 10 ? 1 : 0);
+}
+
+function maybe(value, format = num) {
+  if (value === null || value === undefined) return "—";
+  return typeof value === "number" ? format(value) : String(value);
+}
+
+function clip(text, n) {
+  return text.length > n ? `${text.slice(0, n)}…` : text;
 }
 
 function ago(seconds) {
-  if (seconds === null || seconds === undefined) return "–";
+  if (seconds === null || seconds === undefined) return "—";
   if (seconds < 60) return `${seconds.toFixed(1)} s`;
   if (seconds < 3600) return `${Math.floor(seconds / 60)} min`;
   return `${(seconds / 3600).toFixed(1)} h`;
-}
-
-function push(list, value) {
-  list.push(value);
-  if (list.length > HISTORY) list.shift();
-}
-
-function spark(svg, values) {
-  const width = svg.clientWidth || 200;
-  const height = svg.clientHeight || 30;
-  const max = Math.max(1, ...values);
-  const step = width / Math.max(1, HISTORY - 1);
-  const offset = (HISTORY - values.length) * step;
-  const points = values.map((v, i) => `${(offset + i * step).toFixed(1)},${(height - 2 - (v / max) * (height - 4)).toFixed(1)}`);
-  svg.replaceChildren();
-  const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
-  line.setAttribute("points", points.join(" "));
-  svg.append(line);
-}
-
-function miniSpark(values) {
-  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
-  svg.setAttribute("class", "spark");
-  svg.style.width = "90px";
-  svg.style.height = "20px";
-  requestAnimationFrame(() => spark(svg, values));
-  return svg;
 }
 
 function csrfToken() {
@@ -65,16 +87,519 @@ function csrfToken() {
   return match ? decodeURIComponent(match[1]) : "";
 }
 
-async function queueAction(queue, action) {
-  const verb = action === "purge" ? "Purge every message not in flight from" : "Redrive every dead message of";
-  if (!window.confirm(`${verb} "${queue}"?`)) return;
-  const response = await fetch(`/api/queues/${encodeURIComponent(queue)}/${action}`, {
-    method: "POST",
+async function api(method, path) {
+  const response = await fetch(path, {
+    method,
     headers: { "X-CSRFToken": csrfToken() },
     credentials: "same-origin",
   });
-  const body = await response.json();
-  if (!response.ok) window.alert(`${action} failed: ${body.error}: ${body.detail}`);
+  let body = {};
+  try { body = await response.json(); } catch (e) { body = { error: "bad_response", detail: String(e) }; }
+  return { status: response.status, ok: response.ok, body };
+}
+
+function queuePath(queue) {
+  return `/api/queues/${encodeURIComponent(queue)}`;
+}
+
+// -- history ---------------------------------------------------------------------
+
+function addSamples(samples) {
+  for (const sample of samples) {
+    const last = state.samples[state.samples.length - 1];
+    if (last && last.t === sample.t) state.samples[state.samples.length - 1] = sample;
+    else if (!last || sample.t > last.t) state.samples.push(sample);
+  }
+  const newest = state.samples.length ? state.samples[state.samples.length - 1].t : 0;
+  const oldest = newest - state.keep * state.bucket;
+  while (state.samples.length && state.samples[0].t <= oldest) state.samples.shift();
+}
+
+function seriesOf(kind, name, index) {
+  // One series' values, oldest first: a single queue/topic, or the sum of all.
+  return state.samples.map((s) => {
+    const rows = s[kind] || {};
+    if (name) return (rows[name] || [])[index] || 0;
+    let total = 0;
+    for (const values of Object.values(rows)) total += values[index] || 0;
+    return total;
+  });
+}
+
+function settled() {
+  // The sample the "now" figures show: the newest once it has seen 3 seconds,
+  // else the one before (a sample a second old swings with every burst).
+  const n = state.samples.length;
+  const last = state.samples[n - 1];
+  return last && last.seconds !== undefined && last.seconds < 3 && n > 1 ? state.samples[n - 2] : last;
+}
+
+function windowStart() {
+  const newest = state.samples.length ? state.samples[state.samples.length - 1].t : Date.now() / 1000;
+  return newest - (state.keep - 1) * state.bucket;
+}
+
+function polylinePoints(values, times, width, height, max) {
+  const start = windowStart();
+  const span = (state.keep - 1) * state.bucket;
+  return values.map((v, i) => {
+    const x = ((times[i] - start) / span) * width;
+    const y = height - 1 - (v / max) * (height - 4);
+    return `${x.toFixed(1)},${y.toFixed(1)}`;
+  }).join(" ");
+}
+
+function drawChart(svg, values) {
+  const width = svg.clientWidth || 240;
+  const height = svg.clientHeight || 64;
+  const times = state.samples.map((s) => s.t);
+  const max = Math.max(1, ...values);
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  let line = svg.querySelector("polyline");
+  let top = svg.querySelector("text.max");
+  if (!line) {
+    svg.append(svgEl("line", { class: "axis", x1: 0, x2: width, y1: height - 0.5, y2: height - 0.5 }));
+    line = svgEl("polyline");
+    top = svgEl("text", { class: "max", x: 2, y: 10 });
+    svg.append(line, top);
+  }
+  line.setAttribute("points", polylinePoints(values, times, width, height, max));
+  setText(top, `max ${rate(max)}`);
+  svg.dataset.points = String(values.length);
+}
+
+function renderCharts() {
+  const queue = document.getElementById("focus-queue").value;
+  const topic = document.getElementById("focus-topic").value;
+  for (const figure of document.querySelectorAll(".chart-grid figure")) {
+    const key = figure.dataset.series;
+    const values = QUEUE_SERIES.includes(key)
+      ? seriesOf("queues", queue, QUEUE_SERIES.indexOf(key))
+      : seriesOf("topics", topic, TOPIC_SERIES.indexOf(key));
+    drawChart(figure.querySelector("svg"), values);
+    const at = state.samples.indexOf(settled());
+    setText(figure.querySelector(".now"), rate(values[at] || 0));
+  }
+}
+
+const optionNames = new WeakMap(); // select -> Set of the names it offers
+
+function syncOptions(select, names) {
+  let have = optionNames.get(select);
+  if (!have) optionNames.set(select, (have = new Set([...select.options].map((o) => o.value))));
+  for (const name of names) {
+    if (!have.has(name)) {
+      have.add(name);
+      select.append(el("option", { value: name }, name));
+    }
+  }
+}
+
+// -- keyed tables: rows are kept and updated in place, so focus survives ticks --
+
+const rowCache = new WeakMap(); // tbody -> Map(key -> tr)
+
+function syncRows(tbody, items, keyOf, build, update) {
+  let rows = rowCache.get(tbody);
+  if (!rows) rowCache.set(tbody, (rows = new Map()));
+  const wanted = new Map();
+  for (const item of items) {
+    const key = keyOf(item);
+    let row = rows.get(key);
+    if (!row) row = build(item);
+    row.item = item;
+    update(row, item);
+    wanted.set(key, row);
+  }
+  for (const [key, row] of rows) if (!wanted.has(key)) row.remove();
+  rowCache.set(tbody, wanted);
+  // Re-append only what is out of place: moving the focused row would blur it.
+  let at = tbody.firstElementChild;
+  for (const row of wanted.values()) {
+    if (row === at) at = at.nextElementSibling;
+    else tbody.insertBefore(row, at);
+  }
+}
+
+function pager(name, total, onChange) {
+  const box = document.querySelector(`.pager[data-table="${name}"]`);
+  const pages = Math.max(1, Math.ceil(total / PAGE));
+  state.pages[name] = Math.min(state.pages[name], pages - 1);
+  if (!box.firstChild) {
+    const prev = el("button", { type: "button", class: "prev", "aria-label": `previous page of ${name}` }, "‹");
+    const next = el("button", { type: "button", class: "next", "aria-label": `next page of ${name}` }, "›");
+    prev.addEventListener("click", () => { state.pages[name] = Math.max(0, state.pages[name] - 1); onChange(); });
+    next.addEventListener("click", () => { state.pages[name] += 1; onChange(); });
+    box.append(prev, el("span", { class: "where" }), next);
+  }
+  setText(box.querySelector(".where"), `${state.pages[name] + 1} / ${pages}`);
+  box.querySelector(".prev").disabled = state.pages[name] === 0;
+  box.querySelector(".next").disabled = state.pages[name] >= pages - 1;
+  box.hidden = pages === 1;
+  return state.pages[name] * PAGE;
+}
+
+// -- alerts and heatmap -----------------------------------------------------------
+
+function renderAlerts(snapshot) {
+  const list = snapshot.alerts || [];
+  setText(document.getElementById("alert-count"), list.length);
+  document.getElementById("alert-count").classList.toggle("bad", list.length > 0);
+  setText(document.getElementById("oldest-threshold"), ago(snapshot.oldest_alert));
+  // Keyed like the tables: 200 stale queues update two texts each, not 200 new items.
+  const ul = document.getElementById("alerts");
+  syncRows(ul, list.length ? list : [{ kind: "none" }],
+    (a) => (a.kind === "consumer" ? `c:${a.consumer}` : a.kind === "queue" ? `q:${a.queue}` : "none"),
+    (a) => {
+      if (a.kind === "consumer") {
+        return el("li", { class: "alert consumer", "data-consumer": a.consumer, "data-topic": a.topic || "" },
+          el("b", {}), " by a ", el("code", {}, a.policy || ""), " subscriber of ", el("code", {}, a.topic || ""),
+          ` (${a.client}, socket ${a.socket} on `, el("span", { class: "tag" }, a.process), ")");
+      }
+      if (a.kind === "queue") {
+        return el("li", { class: "alert queue", "data-queue": a.queue },
+          el("b", {}), " in ", el("code", {}, a.queue), el("span", {}));
+      }
+      return el("li", { class: "muted" }, "No alert.");
+    },
+    (li, a) => {
+      if (a.kind === "consumer") setText(li.firstChild, `${num(a.drop_ratio * 100, 1)}% dropped`);
+      else if (a.kind === "queue") {
+        setText(li.firstChild, `oldest visible ${ago(a.oldest_visible_age)}`);
+        setText(li.lastChild, ` (${num(a.visible)} visible)`);
+      }
+    });
+}
+
+function heatLevel(ratio) {
+  if (ratio <= 0) return 0;
+  if (ratio <= 0.01) return 1;
+  if (ratio <= 0.1) return 2;
+  if (ratio <= 0.5) return 3;
+  return 4;
+}
+
+function renderHeatmap() {
+  // Rows: connected subscribers (the server's labels) that dropped in the window.
+  // Samples hold only consumers that dropped, so this walks the drops, not
+  // every subscriber times every sample.
+  const byKey = new Map();
+  for (const s of state.samples) {
+    for (const [key, ratio] of Object.entries(s.consumers || {})) {
+      const label = state.labels[key];
+      if (!label || ratio <= 0) continue;
+      let row = byKey.get(key);
+      if (!row) byKey.set(key, (row = { key, label, cells: [], worst: 0, now: 0 }));
+      row.cells.push([s.t, ratio]);
+      row.worst = Math.max(row.worst, ratio);
+    }
+  }
+  const last = state.samples[state.samples.length - 1];
+  for (const row of byKey.values()) row.now = last ? (last.consumers || {})[row.key] || 0 : 0;
+  const rows = [...byKey.values()];
+  rows.sort((a, b) => b.now - a.now || b.worst - a.worst);
+  const shown = rows.slice(0, HEAT_ROWS);
+  document.getElementById("heatmap-empty").hidden = rows.length > 0;
+  const start = windowStart();
+  const span = state.keep * state.bucket;
+  syncRows(document.querySelector("#heatmap tbody"), shown, (r) => r.key,
+    (r) => {
+      const svg = svgEl("svg", { class: "heat", viewBox: "0 0 1000 10", preserveAspectRatio: "none" });
+      return el("tr", { tabindex: "0", "data-consumer": r.key },
+        el("th", { scope: "row" }), el("td", { class: "cells" }, svg), el("td", { class: "num" }));
+    },
+    (tr, r) => {
+      const l = r.label;
+      setText(tr.cells[0], `${l.topic} · ${l.policy} · ${l.client} · ${l.process}/${l.socket}`);
+      tr.setAttribute("aria-label", `${l.topic}, ${l.client}: ${num(r.now * 100, 1)}% dropped now, worst ${num(r.worst * 100, 1)}%`);
+      const svg = tr.cells[1].firstChild;
+      const rects = r.cells.map(([t, ratio]) => svgEl("rect", {
+        x: (((t - start) / span) * 1000).toFixed(1), y: 0,
+        width: ((state.bucket / span) * 1000).toFixed(1), height: 10,
+        class: `level${heatLevel(ratio)}`,
+      }));
+      svg.replaceChildren(...rects);
+      setText(tr.cells[2], `${num(r.now * 100, 1)}%`);
+    });
+}
+
+// -- queues -----------------------------------------------------------------------
+
+function queueRates(name) {
+  const last = settled();
+  return (last && last.queues && last.queues[name]) || [0, 0, 0, 0];
+}
+
+function miniSpark(svg, values) {
+  // Redrawn only when a sample was added or changed: most seconds, for most rows, none did.
+  const last = state.samples[state.samples.length - 1];
+  const stamp = `${values.length}:${last ? last.t : 0}:${values[values.length - 1]}`;
+  if (svg.dataset.stamp === stamp) return;
+  svg.dataset.stamp = stamp;
+  const max = Math.max(1, ...values);
+  let line = svg.firstChild;
+  if (!line) svg.append((line = svgEl("polyline")));
+  line.setAttribute("points", polylinePoints(values, state.samples.map((s) => s.t), 100, 20, max));
+}
+
+function renderQueues(snapshot) {
+  const all = Array.isArray(snapshot.queues) ? snapshot.queues : [];
+  syncOptions(document.getElementById("focus-queue"), all.map((q) => q.name));
+  const filter = document.getElementById("queue-filter").value.trim().toLowerCase();
+  const queues = filter ? all.filter((q) => q.name.toLowerCase().includes(filter)) : all;
+  setText(document.getElementById("queue-count"), queues.length === all.length ? all.length : `${queues.length} of ${all.length}`);
+  const from = pager("queues", queues.length, renderAll);
+  syncRows(document.querySelector("#queues tbody"), queues.slice(from, from + PAGE), (q) => q.name,
+    (q) => {
+      const tr = el("tr", { tabindex: "0", "data-queue": q.name, title: "Enter: browse its messages" },
+        el("td", { class: "name" }, q.name),
+        el("td", { class: "num visible" }), el("td", { class: "num" }), el("td", { class: "num" }),
+        el("td", { class: "num dead" }),
+        el("td", {}, svgEl("svg", { class: "spark", viewBox: "0 0 100 20", preserveAspectRatio: "none" })),
+        el("td", { class: "num" }), el("td", { class: "num" }), el("td", { class: "num" }), el("td", { class: "num" }),
+        el("td", { class: "num" }),
+        el("td", { class: "actions" }, el("span", { class: "buttons" },
+          el("button", { type: "button", class: "browse" }, "browse"),
+          el("button", { type: "button", class: "danger purge" }, "purge"),
+          el("button", { type: "button", class: "redrive" }, "redrive"))));
+      tr.querySelector(".browse").addEventListener("click", () => openBrowser(tr.item.name));
+      tr.querySelector(".purge").addEventListener("click", () => queueAction(tr.item.name, "purge"));
+      tr.querySelector(".redrive").addEventListener("click", () => queueAction(tr.item.name, "redrive"));
+      tr.addEventListener("keydown", (event) => {
+        if (event.key === "Enter" && event.target === tr) openBrowser(tr.item.name);
+      });
+      return tr;
+    },
+    (tr, q) => {
+      const rates = queueRates(q.name);
+      const c = tr.cells;
+      setText(c[1], num(q.visible)); setText(c[2], num(q.delayed)); setText(c[3], num(q.in_flight));
+      setText(c[4], num(q.dead));
+      miniSpark(c[5].firstChild, seriesOf("queues", q.name, 0));  // 50 rows a page, not 200
+      for (let i = 0; i < 4; i++) setText(c[6 + i], rate(rates[i]));
+      setText(c[10], ago(q.oldest_visible_age));
+      const old = (q.oldest_visible_age || 0) > (snapshot.oldest_alert || Infinity);
+      tr.classList.toggle("hot", old);
+    });
+}
+
+async function queueAction(queue, action) {
+  const verb = action === "purge" ? "Purge every message not in flight from" : "Redrive every dead message of";
+  if (!window.confirm(`${verb} "${queue}"?`)) return;
+  const { ok, body } = await api("POST", `${queuePath(queue)}/${action}`);
+  const text = ok
+    ? action === "purge" ? `Purged ${body.purged} messages from ${queue}.` : `Redrove ${body.redriven} dead messages of ${queue}.`
+    : `${action} of ${queue} failed: ${body.error}: ${body.detail}`;
+  if (state.browser.queue === queue) { notice(text, ok ? "ok" : "bad"); loadMessages(); }
+  else if (!ok) window.alert(text);
+}
+
+// -- message browser -----------------------------------------------------------------
+
+function notice(text, kind = "ok") {
+  const p = document.getElementById("browser-notice");
+  p.className = `notice ${kind}`;
+  p.textContent = text;
+}
+
+function openBrowser(queue) {
+  const b = state.browser;
+  if (b.queue !== queue) Object.assign(b, { queue, state: "visible", after: null, pageNo: 1 });
+  const section = document.getElementById("browser");
+  section.hidden = false;
+  setText(document.getElementById("browser-queue"), queue);
+  document.getElementById("browser-tasks").href =
+    `${document.body.dataset.tasksUrl}?q=${encodeURIComponent(queue)}`;
+  notice("");
+  loadMessages().then(() => section.scrollIntoView({ block: "start" }));
+  document.getElementById("browser-states").querySelector(`[data-state="${b.state}"]`).focus();
+}
+
+function browseUrl(limit = PAGE) {
+  const b = state.browser;
+  const after = b.after ? `&after=${encodeURIComponent(b.after)}` : "";
+  return `${queuePath(b.queue)}/messages?state=${b.state}&limit=${limit}${after}`;
+}
+
+async function loadMessages() {
+  const b = state.browser;
+  if (!b.queue) return;
+  for (const button of document.querySelectorAll("#browser-states button")) {
+    button.setAttribute("aria-pressed", String(button.dataset.state === b.state));
+  }
+  // A slower answer to an earlier click (another state, queue or page) must
+  // not replace the list just asked for.
+  const seq = (b.seq = (b.seq || 0) + 1);
+  const { ok, body } = await api("GET", browseUrl());
+  if (seq !== b.seq) return;
+  if (!ok) {
+    b.messages = [];
+    notice(`Could not list ${b.queue}: ${body.error}: ${body.detail}`, "bad");
+  } else {
+    b.messages = body.messages;
+    b.next = body.next;
+  }
+  document.getElementById("browser-next").disabled = !b.next;
+  document.getElementById("browser-first").disabled = !b.after;
+  setText(document.getElementById("browser-page"),
+    `page ${b.pageNo}: ${b.messages.length} ${b.state.replace("_", " ")} message${b.messages.length === 1 ? "" : "s"}`);
+  const rows = b.messages.map((m) => {
+    const body = JSON.stringify(m.body);
+    const short = clip(body, 160);
+    const buttons = el("span", { class: "buttons" });
+    if (m.state === "dead" || m.state === "in_flight") {
+      buttons.append(el("button", { type: "button", class: "requeue", onclick: () => messageAction("requeue", m) }, "requeue"));
+    }
+    buttons.append(el("button", { type: "button", class: "danger delete", onclick: () => messageAction("delete", m) }, "delete"));
+    const actions = el("td", { class: "actions" }, buttons);
+    const timed = m.visible_in !== null ? `in ${ago(Math.max(0, m.visible_in))}` : m.expires_in !== null ? `expires ${ago(m.expires_in)}` : "—";
+    return el("tr", { "data-id": m.id, "data-state": m.state },
+      el("td", { class: "num" }, m.id),
+      el("td", { class: "body" }, el("code", { title: body.slice(0, 4000) }, short)),
+      el("td", { class: "group", title: m.group || "" }, m.group === null ? "—" : clip(m.group, 40)),
+      el("td", { class: "num" }, m.priority),
+      el("td", { class: "num" }, m.deliveries),
+      el("td", { class: "reason" }, m.dead_reason || "—"),
+      el("td", { class: "num" }, ago(Date.now() / 1000 - m.enqueued_at)),
+      el("td", { class: "num" }, timed),
+      actions);
+  });
+  if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: "9", class: "muted" }, "No message in this state.")));
+  document.querySelector("#messages tbody").replaceChildren(...rows);
+}
+
+async function messageAction(action, message) {
+  const b = state.browser;
+  const queue = b.queue;
+  const what = action === "requeue"
+    ? `Requeue message ${message.id} of "${queue}" (its delivery count is reset)?`
+    : `Delete message ${message.id} of "${queue}" for good?`;
+  if (!window.confirm(what)) return;
+  // Act only on the message as the page showed it: if a worker or another
+  // operator moved it since (acked, leased again, requeued, deleted), say so
+  // and change nothing. The API's own answers cover what happens in between:
+  // 404 for a message gone, requeued 0 for one already visible.
+  const check = await api("GET", browseUrl(1000));
+  const now = check.ok ? check.body.messages.find((m) => m.id === message.id) : null;
+  if (!now || now.deliveries !== message.deliveries) {
+    notice(`Message ${message.id} is no longer ${message.state.replace("_", " ")} as listed: a worker or another operator moved it (acked, leased, requeued or deleted). Nothing was changed.`, "warn");
+    return loadMessages();
+  }
+  const path = `${queuePath(queue)}/messages/${encodeURIComponent(message.id)}`;
+  const { status, ok, body } = action === "requeue"
+    ? await api("POST", `${path}/requeue`)
+    : await api("DELETE", path);
+  if (status === 404) {
+    notice(`Message ${message.id} is gone from ${queue} (acked or deleted meanwhile). Nothing was changed.`, "warn");
+  } else if (!ok) {
+    notice(`${action} of message ${message.id} failed: ${body.error}: ${body.detail}`, "bad");
+  } else if (action === "requeue" && body.requeued === 0) {
+    notice(`Message ${message.id} was already visible or delayed (requeued by someone else). Nothing was changed.`, "warn");
+  } else {
+    notice(action === "requeue" ? `Requeued message ${message.id}: it is visible again.` : `Deleted message ${message.id}.`, "ok");
+  }
+  return loadMessages();
+}
+
+function setupBrowser() {
+  for (const button of document.querySelectorAll("#browser-states button")) {
+    button.addEventListener("click", () => {
+      Object.assign(state.browser, { state: button.dataset.state, after: null, pageNo: 1 });
+      notice("");
+      loadMessages();
+    });
+  }
+  document.getElementById("browser-refresh").addEventListener("click", () => loadMessages());
+  document.getElementById("browser-redrive").addEventListener("click", () => queueAction(state.browser.queue, "redrive"));
+  document.getElementById("browser-close").addEventListener("click", () => {
+    document.getElementById("browser").hidden = true;
+    state.browser.queue = null;
+  });
+  document.getElementById("browser-next").addEventListener("click", () => {
+    Object.assign(state.browser, { after: state.browser.next, pageNo: state.browser.pageNo + 1 });
+    loadMessages();
+  });
+  document.getElementById("browser-first").addEventListener("click", () => {
+    Object.assign(state.browser, { after: null, pageNo: 1 });
+    loadMessages();
+  });
+}
+
+// -- topics and sockets ------------------------------------------------------------
+
+function renderTopics(snapshot) {
+  const rows = [];
+  for (const process of snapshot.processes) {
+    for (const t of process.topics) rows.push({ ...t, process: process.name });
+  }
+  syncOptions(document.getElementById("focus-topic"), [...new Set(rows.map((t) => t.name))]);
+  setText(document.getElementById("topic-count"), rows.length);
+  const from = pager("topics", rows.length, renderAll);
+  syncRows(document.querySelector("#topics tbody"), rows.slice(from, from + PAGE), (t) => `${t.process}\u0000${t.name}`,
+    (t) => el("tr", { tabindex: "0", "data-topic": t.name },
+      el("td", { class: "name" }, t.name), el("td", {}, el("span", { class: "tag" }, t.process)),
+      ...Array.from({ length: 8 }, () => el("td", { class: "num" }))),
+    (tr, t) => {
+      const c = tr.cells;
+      setText(c[2], num(t.subscribers)); setText(c[3], maybe(t.published)); setText(c[4], rate(t.publish_rate));
+      setText(c[5], num(t.dropped)); setText(c[6], maybe(t.offset)); setText(c[7], maybe(t.epoch));
+      setText(c[8], maybe(t.history_size)); setText(c[9], maybe(t.history_ttl, (v) => `${num(v, 1)} s`));
+    });
+}
+
+function socketRows(snapshot) {
+  const kind = document.getElementById("socket-kind").value;
+  const filter = document.getElementById("socket-filter").value.trim().toLowerCase();
+  const rows = [];
+  for (const process of snapshot.processes) {
+    for (const s of process.sockets) {
+      if (kind ? s.kind !== kind : s.kind === "dashboard") continue;
+      const name = s.queue || s.topic || "";
+      if (filter && ![name, s.client, s.principal || ""].some((v) => String(v).toLowerCase().includes(filter))) continue;
+      s.process = process.name;  // the frame's own objects: no copy of 1,000 sockets
+      s.name = name;
+      s.ratio = s.kind === "subscriber" ? s.drop_rate / ((s.rate + s.drop_rate) || 1) : 0;
+      rows.push(s);
+    }
+  }
+  // Droppers first, so the page that opens shows them.
+  rows.sort((a, b) => b.ratio - a.ratio);
+  return rows;
+}
+
+function renderSockets(snapshot) {
+  const rows = socketRows(snapshot);
+  setText(document.getElementById("socket-count"), rows.length);
+  const from = pager("sockets", rows.length, renderAll);
+  syncRows(document.querySelector("#sockets tbody"), rows.slice(from, from + PAGE), (s) => `${s.process}\u0000${s.id}`,
+    (s) => {
+      const tr = el("tr", { tabindex: "0", "data-kind": s.kind, "data-name": s.name },
+        el("td", {}, el("span", { class: "tag" }, s.process)), el("td", {}, s.kind), el("td", { class: "name" }, s.name || "—"),
+        el("td", { class: "client" }, el("span", { class: "clip", title: s.client }, s.client)),
+        el("td", { class: "principal" }, el("span", { class: "clip", title: s.principal || "" }, s.principal || "")),
+        el("td", {}, new Date(s.connected_at * 1000).toLocaleTimeString()),
+        el("td", { class: "state" }), el("td", { class: "moved" }), el("td", { class: "num wrap" }), el("td", { class: "num" }),
+        el("td", { class: "actions" }, el("span", { class: "buttons" }, el("button", { type: "button", class: "danger" }, "disconnect"))));
+      tr.querySelector("button").addEventListener("click", () => disconnect(tr.item.process, tr.item.id));
+      return tr;
+    },
+    (tr, s) => {
+      const c = tr.cells;
+      let stateText = "", moved = "", dropped = "", perSecond = "", hot = false;
+      if (s.kind === "worker") {
+        stateText = `prefetch ${s.prefetch}, leases ${s.leases}`;
+        moved = `${num(s.acked)} acked, ${num(s.nacked)} nacked, ${num(s.redelivered || 0)} redelivered`;
+      } else if (s.kind === "subscriber") {
+        stateText = `${s.policy}, prio ${s.priority}, buffer ${num(s.buffered)}/${num(s.capacity)}, credit ${num(s.credit)}`;
+        moved = `${num(s.delivered)} delivered`;
+        dropped = `${num(s.dropped)} (${rate(s.drop_rate)}/s)`;
+        perSecond = rate(s.rate);
+        const lifetime = s.delivered + s.dropped;
+        hot = s.ratio > 0.01 || (lifetime > 0 && s.dropped / lifetime > 0.01);
+      }
+      setText(c[6], stateText); setText(c[7], moved); setText(c[8], dropped); setText(c[9], perSecond);
+      tr.classList.toggle("hot", hot);
+    });
 }
 
 function disconnect(process, id) {
@@ -82,122 +607,44 @@ function disconnect(process, id) {
   socket.send(JSON.stringify({ op: "disconnect", process, socket: id }));
 }
 
-function totals(snapshot) {
-  // Counters summed over processes, per queue and overall.
-  const perQueue = {};
-  const overall = { enqueued: 0, acked: 0, fanout: 0, drops: 0 };
-  for (const process of snapshot.processes) {
-    for (const [queue, counters] of Object.entries(process.counters || {})) {
-      const mine = (perQueue[queue] ||= { enqueued: 0, acked: 0, redelivered: 0 });
-      mine.enqueued += counters.enqueued;
-      mine.acked += counters.acked;
-      mine.redelivered += counters.redelivered;
-      overall.enqueued += counters.enqueued;
-      overall.acked += counters.acked;
-    }
-    for (const s of process.sockets) {
-      if (s.kind === "subscriber") {
-        overall.fanout += s.delivered;
-        overall.drops += s.dropped;
-      }
-    }
-  }
-  return { perQueue, overall, time: Date.now() / 1000 };
+// -- the loop --------------------------------------------------------------------
+
+function renderAll() {
+  const snapshot = state.snapshot;
+  if (!snapshot) return;
+  const started = performance.now();
+  const names = snapshot.processes.map((p) => p.name);
+  setText(document.getElementById("processes"),
+    `${names.length} gateway process${names.length === 1 ? "" : "es"}: ${names.join(", ")}`);
+  renderCharts();
+  renderAlerts(snapshot);
+  renderHeatmap();
+  renderQueues(snapshot);
+  renderTopics(snapshot);
+  renderSockets(snapshot);
+  const times = window.leasecastRenderTimes;
+  times.push(performance.now() - started);
+  if (times.length > 600) times.shift();
 }
 
-function render(snapshot) {
-  const now = totals(snapshot);
-  const dt = previous ? Math.max(0.2, now.time - previous.time) : 1;
-  const rate = (key, q) => {
-    if (!previous) return 0;
-    const a = q ? (now.perQueue[q] || {})[key] || 0 : now.overall[key];
-    const b = q ? (previous.perQueue[q] || {})[key] || 0 : previous.overall[key];
-    return Math.max(0, (a - b) / dt);
-  };
-  for (const key of Object.keys(series)) {
-    const value = rate(key);
-    push(series[key], value);
-    spark(document.getElementById(`chart-${key}`), series[key]);
-    document.getElementById(`now-${key}`).textContent = num(value);
+function onFrame(frame) {
+  if (frame.op === "history") {
+    // It follows the first snapshot: keep what that snapshot brought after it.
+    const newer = state.samples;
+    state.bucket = frame.bucket;
+    state.keep = frame.keep;
+    state.samples = [];
+    addSamples(frame.samples);
+    addSamples(newer);
+    renderCharts();
+  } else if (frame.op === "snapshot") {
+    addSamples(frame.samples || []);
+    state.labels = frame.labels || {};
+    state.snapshot = frame;
+    renderAll();
+  } else if (frame.op === "error") {
+    window.alert(`${frame.code}: ${frame.detail}`);
   }
-
-  const names = snapshot.processes.map((p) => p.name);
-  document.getElementById("processes").textContent =
-    `${names.length} gateway process${names.length === 1 ? "" : "es"}: ${names.join(", ")}`;
-
-  // Queues
-  const queueRows = (Array.isArray(snapshot.queues) ? snapshot.queues : []).map((q) => {
-    const s = (queueSeries[q.name] ||= { enqueued: [], acked: [], redelivered: [] });
-    const rates = {};
-    for (const key of Object.keys(s)) {
-      rates[key] = rate(key, q.name);
-      push(s[key], rates[key]);
-    }
-    return el("tr", { "data-queue": q.name },
-      el("td", {}, q.name),
-      el("td", { class: "num visible" }, num(q.visible)),
-      el("td", { class: "num" }, num(q.delayed)),
-      el("td", { class: "num" }, num(q.in_flight)),
-      el("td", { class: "num dead" }, num(q.dead)),
-      el("td", {}, miniSpark(s.enqueued), " ", num(rates.enqueued)),
-      el("td", {}, miniSpark(s.acked), " ", num(rates.acked)),
-      el("td", {}, miniSpark(s.redelivered), " ", num(rates.redelivered)),
-      el("td", { class: "num" }, ago(q.oldest_visible_age)),
-      el("td", {},
-        el("button", { class: "danger purge", onclick: () => queueAction(q.name, "purge") }, "purge"), " ",
-        el("button", { class: "redrive", onclick: () => queueAction(q.name, "redrive") }, "redrive")));
-  });
-  document.querySelector("#queues tbody").replaceChildren(...queueRows);
-
-  // Topics
-  const topicRows = [];
-  for (const process of snapshot.processes) {
-    for (const t of process.topics) {
-      topicRows.push(el("tr", {},
-        el("td", {}, t.name), el("td", {}, el("span", { class: "tag" }, process.name)),
-        el("td", { class: "num" }, num(t.subscribers)), el("td", { class: "num" }, num(t.publish_rate, 1)),
-        el("td", { class: "num" }, num(t.dropped))));
-    }
-  }
-  document.querySelector("#topics tbody").replaceChildren(...topicRows);
-
-  // Sockets
-  const prevAcked = {};
-  for (const process of (previous && previous.snapshot ? previous.snapshot.processes : [])) {
-    for (const s of process.sockets) prevAcked[`${process.name}/${s.id}`] = s.acked || 0;
-  }
-  const socketRows = [];
-  for (const process of snapshot.processes) {
-    for (const s of process.sockets) {
-      if (s.kind === "dashboard") continue;
-      let state = "", moved = "", dropped = "", perSecond = "", hot = false;
-      if (s.kind === "worker") {
-        state = `prefetch ${s.prefetch}, leases ${s.leases}`;
-        moved = `${num(s.acked)} acked, ${num(s.nacked)} nacked, ${num(s.redelivered || 0)} redelivered`;
-        const before = prevAcked[`${process.name}/${s.id}`];
-        perSecond = before === undefined ? "–" : num(Math.max(0, (s.acked - before) / dt));
-      } else if (s.kind === "subscriber") {
-        const fill = s.capacity ? s.buffered / s.capacity : 0;
-        const bar = el("span", { class: `fill${fill >= 1 ? " full" : ""}` }, el("span", { style: `width:${Math.round(fill * 100)}%` }));
-        state = el("span", {}, `${s.policy}, prio ${s.priority}, `, bar, ` ${num(s.buffered)}/${num(s.capacity)}, credit ${num(s.credit)}`);
-        moved = `${num(s.delivered)} delivered`;
-        const total = s.rate + s.drop_rate;
-        dropped = `${num(s.dropped)} (${num(s.drop_rate, 1)}/s)`;
-        perSecond = num(s.rate, 1);
-        const lifetime = s.delivered + s.dropped;
-        hot = (total > 0 && s.drop_rate / total > 0.01) || (lifetime > 0 && s.dropped / lifetime > 0.01);
-      }
-      const since = new Date(s.connected_at * 1000).toLocaleTimeString();
-      socketRows.push(el("tr", { class: hot ? "hot" : "", "data-kind": s.kind, "data-name": s.queue || s.topic || "" },
-        el("td", {}, el("span", { class: "tag" }, process.name)),
-        el("td", {}, s.kind), el("td", {}, s.queue || s.topic || "–"), el("td", {}, s.client),
-        el("td", { class: "principal" }, s.principal || ""), el("td", {}, since), el("td", {}, state), el("td", {}, moved), el("td", { class: "num" }, dropped),
-        el("td", { class: "num" }, perSecond),
-        el("td", {}, el("button", { class: "danger", onclick: () => disconnect(process.name, s.id) }, "disconnect"))));
-    }
-  }
-  document.querySelector("#sockets tbody").replaceChildren(...socketRows);
-  previous = { ...now, snapshot };
 }
 
 function connect() {
@@ -206,9 +653,13 @@ function connect() {
   const status = document.getElementById("status");
   socket.onopen = () => { status.textContent = "live"; status.className = "status live"; };
   socket.onmessage = (event) => {
-    const frame = JSON.parse(event.data);
-    if (frame.op === "snapshot") render(frame);
-    else if (frame.op === "error") window.alert(`${frame.code}: ${frame.detail}`);
+    const started = performance.now();
+    onFrame(JSON.parse(event.data));
+    // Parse and render together: what a frame costs the page's main thread.
+    const times = window.leasecastFrameTimes;
+    times.push(performance.now() - started);
+    window.leasecastFrameBytes = event.data.length;
+    if (times.length > 600) times.shift();
   };
   socket.onclose = () => {
     status.textContent = "reconnecting…";
@@ -217,4 +668,11 @@ function connect() {
   };
 }
 
+for (const id of ["focus-queue", "focus-topic", "socket-kind"]) {
+  document.getElementById(id).addEventListener("change", () => { state.pages.sockets = 0; renderAll(); });
+}
+for (const id of ["queue-filter", "socket-filter"]) {
+  document.getElementById(id).addEventListener("input", () => { state.pages.queues = 0; state.pages.sockets = 0; renderAll(); });
+}
+setupBrowser();
 connect();

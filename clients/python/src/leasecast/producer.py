@@ -8,8 +8,15 @@
         await producer.enqueue_many("emails", [{"body": i} for i in range(10_000)])
         await producer.publish("prices", {"EURUSD": 1.09})
 
+The fast path is the default (``batch=True``): :meth:`Producer.enqueue` calls
+made in the same event-loop iteration (concurrent tasks, ``asyncio.gather``)
+to one queue go in one ``enqueue_many`` frame; each call still gets its own
+result or error (a frame the gateway refuses as a whole is sent again one
+message per frame), and a lone call is sent at once, as an ``enqueue``.
+``batch=False`` sends one ``enqueue`` frame per call.
+
 A call in flight when the socket drops raises
-:class:`~gateway.errors.ConnectionClosed`: it may or may not have been
+:class:`~leasecast.errors.ConnectionClosed`: it may or may not have been
 applied, so retry it, with an idempotency key to make the retry safe. The
 next call reconnects.
 """
@@ -17,11 +24,23 @@ next call reconnects.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gateway.client.link import Link, enqueue_fields, ws_url
-from gateway.errors import ConnectionClosed, LeasecastError, ProtocolError, UnknownOp
+from leasecast.batching import Coalescer, Pending
+from leasecast.errors import (
+    Backpressure,
+    ConnectionClosed,
+    LeasecastError,
+    ProtocolError,
+    UnknownOp,
+)
+from leasecast.link import Link, enqueue_fields, ws_url
+from leasecast.results import EnqueueResult, PublishResult
+from leasecast.tokens import TokenLike, TokenSource
+
+log = logging.getLogger("leasecast.client")
 
 __all__ = ["CHUNK", "Producer"]
 
@@ -35,12 +54,18 @@ class Producer:
 
     Args:
         url: the gateway, ``http://host:port`` or ``ws://host:port``.
-        token: a token with ``enqueue`` (and/or ``publish``) scopes.
+        token: a token with ``enqueue`` (and/or ``publish``) scopes, or a
+            function (sync or async) returning one (see :class:`~leasecast.Worker`).
+        batch: the fast path (default): concurrent :meth:`enqueue` calls to one
+            queue share an ``enqueue_many`` frame. False: one frame per call.
     """
 
-    def __init__(self, url: str, *, token: str) -> None:
+    def __init__(self, url: str, *, token: TokenLike, batch: bool = True) -> None:
         self.url = ws_url(url, "/ws/produce/")
-        self._token = token
+        self._token = TokenSource(token)
+        self._enqueues: Coalescer[str, dict[str, Any], EnqueueResult] | None = (
+            Coalescer(self._flush_enqueues) if batch else None
+        )
         self._link: Link | None = None
         self._connecting = asyncio.Lock()
         self._closed = False
@@ -61,7 +86,13 @@ class Producer:
         return self._link is not None and self._link.is_open
 
     async def close(self) -> None:
-        """Close the socket; later calls raise :class:`~gateway.errors.ConnectionClosed`."""
+        """Close the socket; later calls raise :class:`~leasecast.errors.ConnectionClosed`.
+
+        Calls already made are sent and answered first (the socket closes after
+        their replies, or when it drops).
+        """
+        if self._enqueues is not None:
+            await self._enqueues.drain()  # calls already made are answered first
         self._closed = True
         if self._link is not None:
             await self._link.close()
@@ -86,7 +117,7 @@ class Producer:
         group: str | None = None,
         priority: int = 0,
         ttl: float | None = None,
-    ) -> dict[str, Any]:
+    ) -> EnqueueResult:
         """Enqueue one message.
 
         ``group``, ``priority`` and ``ttl`` are protocol 1.1 fields, sent only
@@ -105,7 +136,7 @@ class Producer:
                 of its enqueue is dead-lettered with reason ``expired``.
 
         Returns:
-            ``{"id": ..., "duplicate": ...}`` once the message is stored.
+            The message's id (and whether it was a duplicate) once it is stored.
 
         Raises:
             ProtocolError: refused (``invalid``, ``forbidden``, ``too_large``, ...).
@@ -114,10 +145,61 @@ class Producer:
             Unauthorized: the gateway refused the token.
             ConnectionClosed: the socket dropped first; retry (with a key).
         """
-        frame: dict[str, Any] = {"op": "enqueue", "queue": queue, "body": body, "delay": delay}
-        frame.update(enqueue_fields(key=key, group=group, priority=priority, ttl=ttl))
-        reply = await (await self._connected()).request(frame)
-        return {"id": reply["id"], "duplicate": reply["duplicate"]}
+        message: dict[str, Any] = {"body": body, "delay": delay}
+        message.update(enqueue_fields(key=key, group=group, priority=priority, ttl=ttl))
+        if self._enqueues is not None:
+            if self._closed:
+                raise ConnectionClosed("the producer is closed")
+            return await self._enqueues.submit(queue, message)
+        return await self._enqueue_one(await self._connected(), queue, message)
+
+    @staticmethod
+    async def _enqueue_one(link: Link, queue: str, message: dict[str, Any]) -> EnqueueResult:
+        reply = await link.request({**message, "op": "enqueue", "queue": queue})
+        return EnqueueResult.from_wire(reply)
+
+    async def _flush_enqueues(
+        self, queue: str, batch: list[Pending[dict[str, Any], EnqueueResult]]
+    ) -> None:
+        """Send the enqueues of one loop iteration to ``queue``: one frame for all if it can.
+
+        ``enqueue_many`` is all or nothing, so when the gateway refuses it as a
+        whole nothing was applied, and each message is sent again on its own
+        frame: every caller gets the answer it would have got alone.
+        """
+        link = await self._connected()
+        if len(batch) > 1 and self._batch_op is not False:
+            messages = [p.item for p in batch]
+            try:
+                replies = await self._pipeline(
+                    [
+                        {"op": "enqueue_many", "queue": queue, "messages": messages[i : i + CHUNK]}
+                        for i in range(0, len(messages), CHUNK)
+                    ],
+                    [len(messages[i : i + CHUNK]) for i in range(0, len(messages), CHUNK)],
+                )
+            except UnknownOp:
+                self._batch_op = False
+            except ProtocolError as exc:
+                log.info("enqueue_many to %s refused (%s); enqueuing one by one", queue, exc)
+                if len(batch) > CHUNK:
+                    # Several frames: some may have been applied. Only a
+                    # refusal of one frame of one chunk is safe to split.
+                    raise
+            else:
+                self._batch_op = True
+                results = [item for reply in replies for item in reply["results"]]
+                for pending, result in zip(batch, results, strict=True):
+                    pending.settle(EnqueueResult.from_wire(result))
+                return
+
+        async def one(pending: Pending[dict[str, Any], EnqueueResult]) -> None:
+            try:
+                pending.settle(await self._enqueue_one(link, queue, pending.item))
+            except LeasecastError as exc:
+                pending.fail(exc)
+
+        await asyncio.gather(*(one(pending) for pending in batch))
 
     async def enqueue_many(
         self,
@@ -127,7 +209,7 @@ class Producer:
         group: str | None = None,
         priority: int = 0,
         ttl: float | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[EnqueueResult]:
         """Enqueue many messages, pipelined: every frame is sent before any reply is awaited.
 
         Messages go in ``enqueue_many`` frames of :data:`CHUNK` (each frame is
@@ -143,7 +225,7 @@ class Producer:
             ttl: the ttl of every message that does not give its own.
 
         Returns:
-            ``{"id", "duplicate"}`` per message, in order.
+            One result per message, in order.
 
         Raises:
             ProtocolError: some messages were refused. Other frames are independent
@@ -166,10 +248,11 @@ class Producer:
                 self._batch_op = False
             else:
                 self._batch_op = True
-                return [result for reply in replies for result in reply["results"]]
+                results = [result for reply in replies for result in reply["results"]]
+                return [EnqueueResult.from_wire(result) for result in results]
         frames = [{**message, "op": "enqueue", "queue": queue} for message in batch]
         replies = await self._pipeline(frames, [1] * len(frames))
-        return [{"id": reply["id"], "duplicate": reply["duplicate"]} for reply in replies]
+        return [EnqueueResult.from_wire(reply) for reply in replies]
 
     async def _pipeline(
         self, frames: list[dict[str, Any]], sizes: list[int]
@@ -196,6 +279,16 @@ class Producer:
             for index, ref in enumerate(refs):
                 try:
                     replies.append(await link.reply(ref))
+                except Backpressure as exc:
+                    if exc.retry_after is None:
+                        failed.append((index, exc))
+                        continue
+                    # Over the token's rate: nothing of this frame was applied;
+                    # send it again after the advised wait (bounded, in request()).
+                    try:
+                        replies.append(await link.request(frames[index]))
+                    except LeasecastError as again:
+                        failed.append((index, again))
                 except LeasecastError as exc:
                     failed.append((index, exc))
         finally:
@@ -214,7 +307,7 @@ class Producer:
         )
         raise first
 
-    async def publish(self, topic: str, body: Any) -> int:
+    async def publish(self, topic: str, body: Any) -> PublishResult:
         """Publish to a broadcast topic.
 
         Returns once the gateway accepted it for delivery: every subscriber
@@ -226,7 +319,8 @@ class Producer:
             body: the message body, any JSON value.
 
         Returns:
-            The message's ``seq``.
+            The message's ``seq`` (and ``offset`` and ``epoch`` from a gateway
+            with topic history).
 
         Raises:
             Forbidden: the token may not publish to ``topic``.
@@ -235,4 +329,4 @@ class Producer:
         reply = await (await self._connected()).request(
             {"op": "publish", "topic": topic, "body": body}
         )
-        return int(reply["seq"])
+        return PublishResult.from_wire(topic, reply)

@@ -10,19 +10,41 @@
 The gateway pushes deliveries while the worker holds fewer than ``prefetch``
 unacked leases. If the socket drops, the worker reconnects with backoff; the
 gateway released the old socket's leases at once, so their receipts are
-stale (ending them raises :class:`~gateway.errors.StaleReceipt`) and those
+stale (ending them raises :class:`~leasecast.errors.StaleReceipt`) and those
 messages come again (``deliveries`` counts it).
+
+The fast path is the default (``batch=True``): the worker asks the gateway for
+batched deliveries (``deliveries`` frames of up to ``prefetch`` items) and
+plain acks made in the same event-loop iteration go in one ``ack_many``
+frame; each :meth:`Delivery.ack` still gets its own result or error, and a
+lone ack is sent at once, as an ``ack``. ``batch=False`` speaks only v1
+frames (one ``deliver`` and one ``ack`` per message).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.client.link import Link, backoff_delays, enqueue_fields, name_path, reopen, ws_url
-from gateway.errors import ConnectionClosed, StaleReceipt
+from leasecast.batching import Coalescer, Pending, split_acked_many
+from leasecast.errors import (
+    ConnectionClosed,
+    LeasecastError,
+    ProtocolError,
+    StaleReceipt,
+    UnknownOp,
+)
+from leasecast.link import Link, backoff_delays, enqueue_fields, name_path, reopen, ws_url
+from leasecast.results import EnqueueResult
+from leasecast.tokens import TokenLike, TokenSource
+
+log = logging.getLogger("leasecast.client")
+
+#: Most deliveries the worker asks for per frame (the protocol's limit for ``batch``).
+MAX_BATCH = 1000
 
 __all__ = ["Delivery", "Worker"]
 
@@ -53,8 +75,11 @@ class Delivery:
     group: str | None = None
     priority: int = 0
     _link: Link = field(repr=False, compare=False, kw_only=True)
+    _acks: Coalescer[Link, str, None] | None = field(
+        default=None, repr=False, compare=False, kw_only=True
+    )
 
-    async def _request(self, frame: dict[str, Any]) -> dict[str, Any]:
+    def _check_open(self) -> None:
         if not self._link.is_open:
             # The gateway released every lease of that socket when it closed:
             # the answer is known without asking (and the new socket would
@@ -62,11 +87,14 @@ class Delivery:
             raise StaleReceipt(
                 f"the socket that leased message {self.id} closed; the gateway released it"
             )
+
+    async def _request(self, frame: dict[str, Any]) -> dict[str, Any]:
+        self._check_open()
         return await self._link.request(frame)
 
     async def ack(
         self, enqueue: list[dict[str, Any]] | None = None, *, task: dict[str, Any] | None = None
-    ) -> list[dict[str, Any]]:
+    ) -> list[EnqueueResult]:
         """Delete the message, and enqueue follow-ups in the same transaction.
 
         Args:
@@ -80,7 +108,7 @@ class Delivery:
                 (docs/protocol.md, Task outcomes).
 
         Returns:
-            The follow-ups' ``{"id", "duplicate"}``, in order (empty without ``enqueue``).
+            The follow-ups' results, in order (empty without ``enqueue``).
 
         Raises:
             StaleReceipt: the lease had ended (expired, already ended, or its socket
@@ -89,13 +117,18 @@ class Delivery:
             ConnectionClosed: the socket dropped before the reply; the ack may or
                 may not have been applied (if not, the message comes again).
         """
+        if not enqueue and task is None and self._acks is not None:
+            # The fast path: coalesced with the other acks of this iteration.
+            self._check_open()
+            await self._acks.submit(self._link, self.receipt)
+            return []
         frame: dict[str, Any] = {"op": "ack", "receipt": self.receipt}
         if enqueue:
             frame["enqueue"] = enqueue
         if task is not None:
             frame["task"] = task
         reply = await self._request(frame)
-        return list(reply.get("enqueued", []))
+        return [EnqueueResult.from_wire(item) for item in reply.get("enqueued", [])]
 
     async def nack(self, delay: float = 0.0, *, task: dict[str, Any] | None = None) -> None:
         """Release the message; it is visible again after ``delay`` seconds.
@@ -155,13 +188,17 @@ class Worker:
         url: the gateway, ``http://host:port`` or ``ws://host:port``.
         queue: the queue name.
         token: a token with ``consume`` on the queue (and ``enqueue`` for
-            :meth:`enqueue` and ack follow-ups).
+            :meth:`enqueue` and ack follow-ups), or a function (sync or async)
+            returning one: it is asked before each connection and, for a
+            signed token, before its ``exp`` to ``refresh`` the open socket.
         prefetch: most unacked leases at once (1..1000).
         visibility_timeout: lease length in seconds (None: the queue's).
         reconnect: reopen the socket after it drops. Without it, a drop ends
-            iteration with :class:`~gateway.errors.ConnectionClosed`.
+            iteration with :class:`~leasecast.errors.ConnectionClosed`.
         backoff_initial: first reconnect delay ceiling, doubling after each failure.
         backoff_max: largest reconnect delay ceiling.
+        batch: the fast path (default): batched deliveries and coalesced acks.
+            False sends and asks for v1 frames only.
     """
 
     def __init__(
@@ -169,21 +206,34 @@ class Worker:
         url: str,
         queue: str,
         *,
-        token: str,
+        token: TokenLike,
         prefetch: int = 10,
         visibility_timeout: float | None = None,
         # -- reconnecting
         reconnect: bool = True,
         backoff_initial: float = 0.1,
         backoff_max: float = 5.0,
+        batch: bool = True,
     ) -> None:
+        # Up to prefetch per frame: never more than the worker may hold anyway.
+        # A bad prefetch is sent as given, for the gateway to refuse.
+        size = min(prefetch, MAX_BATCH) if isinstance(prefetch, int) else 1
         self.url = ws_url(
             url,
             name_path("/ws/queues/", queue),
-            {"prefetch": prefetch, "visibility_timeout": visibility_timeout},
+            {
+                "prefetch": prefetch,
+                "visibility_timeout": visibility_timeout,
+                "batch": size if batch and size > 1 else None,
+            },
         )
         self.queue = queue
-        self._token = token
+        self._token = TokenSource(token)
+        self._acks: Coalescer[Link, str, None] | None = (
+            Coalescer(self._flush_acks) if batch else None
+        )
+        # Whether the gateway knows ack_many; False after an unknown_op.
+        self._ack_many = True
         self._reconnect = reconnect
         self._backoff = (backoff_initial, backoff_max)
         self._link: Link | None = None
@@ -224,10 +274,53 @@ class Worker:
                 self._link = await Link.open(self.url, self._token)
 
     async def close(self) -> None:
-        """Close the socket; the gateway releases its unacked leases at once."""
+        """Close the socket; the gateway releases its unacked leases at once.
+
+        Acks already asked for are sent and answered first.
+        """
         self._closed.set()
+        if self._acks is not None:
+            await self._acks.drain()  # acks already made are sent first
         if self._link is not None:
             await self._link.close()
+
+    async def _flush_acks(self, link: Link, batch: list[Pending[str, None]]) -> None:
+        """Send the acks of one loop iteration: one ``ack_many``, or one ``ack`` if alone."""
+        if not link.is_open:
+            # Closed since the acks were asked: the gateway released the leases.
+            for pending in batch:
+                pending.fail(StaleReceipt(f"the socket that leased {pending.item} closed"))
+            return
+        if len(batch) > 1 and self._ack_many:
+            receipts = [p.item for p in batch]
+            try:
+                reply = await link.request({"op": "ack_many", "receipts": receipts})
+                acked, not_acked = split_acked_many(receipts, reply)
+            except UnknownOp:
+                self._ack_many = False  # a gateway without the extension: v1 acks
+            except (ProtocolError, ValueError) as exc:
+                # The frame as a whole was refused (nothing applied) or the
+                # reply does not add up: each ack is asked on its own below.
+                log.info("ack_many failed (%s); acking one by one", exc)
+            else:
+                done = set(acked)
+                for pending in batch:
+                    if pending.item in done:
+                        pending.settle(None)
+                # Not acked: stale, or left by an unavailable store; the one-by-one
+                # ack below gets each caller its own answer (a stale receipt stays
+                # stale: asking again changes nothing).
+                batch = [p for p in batch if p.item in set(not_acked)]
+        await asyncio.gather(*(self._ack_one(link, pending) for pending in batch))
+
+    @staticmethod
+    async def _ack_one(link: Link, pending: Pending[str, None]) -> None:
+        try:
+            await link.request({"op": "ack", "receipt": pending.item})
+        except LeasecastError as exc:
+            pending.fail(exc)
+        else:
+            pending.settle(None)
 
     async def _live_link(self) -> Link:
         """The open socket: opened on first use, reopened with backoff after a drop.
@@ -304,6 +397,7 @@ class Worker:
             group=frame.get("group"),
             priority=int(frame.get("priority") or 0),
             _link=link,
+            _acks=self._acks,
         )
 
     async def enqueue(
@@ -316,11 +410,11 @@ class Worker:
         group: str | None = None,
         priority: int = 0,
         ttl: float | None = None,
-    ) -> dict[str, Any]:
+    ) -> EnqueueResult:
         """Enqueue a message on this worker's socket (reopening it if it dropped).
 
         ``group``, ``priority`` and ``ttl`` are sent only when set (see
-        :meth:`Producer.enqueue <gateway.client.producer.Producer.enqueue>`).
+        :meth:`Producer.enqueue <leasecast.producer.Producer.enqueue>`).
 
         Args:
             body: the message body, any JSON value.
@@ -334,7 +428,7 @@ class Worker:
                 dead-lettered with reason ``expired``.
 
         Returns:
-            ``{"id": ..., "duplicate": ...}`` once the message is stored.
+            The message's id (and whether it was a duplicate) once it is stored.
 
         Raises:
             ProtocolError: refused (``forbidden``, ``invalid``, ``too_large``, ...).
@@ -348,4 +442,4 @@ class Worker:
             frame["queue"] = queue
         frame.update(enqueue_fields(key=key, group=group, priority=priority, ttl=ttl))
         reply = await (await self._live_link()).request(frame)
-        return {"id": reply["id"], "duplicate": reply["duplicate"]}
+        return EnqueueResult.from_wire(reply)

@@ -1,13 +1,14 @@
 """One WebSocket to the gateway, with replies matched to requests by ``ref``.
 
-Shared by :class:`~gateway.client.worker.Worker`,
-:class:`~gateway.client.producer.Producer` and
-:class:`~gateway.client.subscriber.Subscriber`. Imports nothing from Django.
+Shared by :class:`~leasecast.worker.Worker`,
+:class:`~leasecast.producer.Producer` and
+:class:`~leasecast.subscriber.Subscriber`. Imports nothing from Django.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -21,17 +22,21 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed as WsConnectionClosed
 from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 
-from gateway.errors import (
+from leasecast.errors import (
+    Backpressure,
     ConnectionClosed,
     Forbidden,
     Invalid,
     LeasecastError,
     ProtocolError,
+    TokenExpired,
     Unauthorized,
     error_for_code,
 )
+from leasecast.tokens import TokenLike, TokenSource, refresh_delay, seconds_left
 
 __all__ = [
+    "BACKPRESSURE_RETRIES",
     "PERMANENT_CLOSE_CODES",
     "Link",
     "PendingReplies",
@@ -49,6 +54,16 @@ log = logging.getLogger("leasecast.client")
 #: Close codes after which reconnecting cannot help (protocol: Errors), and the
 #: error to raise when the server closed with one without stating an ``error`` first.
 PERMANENT_CLOSE_CODES: dict[int, type[ProtocolError]] = {4400: Invalid, 4403: Forbidden}
+
+#: Close code of a socket whose token expired or was revoked (protocol 1.1):
+#: not final, the owner reconnects with a fresh token.
+TOKEN_EXPIRED_CLOSE_CODE = 4401
+
+#: How many times a request refused with ``backpressure`` and a ``retry_after``
+#: (a per-token rate limit) is sent again, after waiting what the gateway said.
+BACKPRESSURE_RETRIES = 5
+#: The longest single wait for ``retry_after`` (a larger advice is capped).
+BACKPRESSURE_MAX_WAIT = 30.0
 
 #: HTTP statuses of a refused handshake that are worth retrying (the rest of 4xx is final).
 _TRANSIENT_HANDSHAKE_STATUSES = frozenset({408, 425, 429})
@@ -226,11 +241,13 @@ class Link:
 
     Frames that are not replies (``deliver``, ``deliveries``, ``messages``) are
     queued for :meth:`next`. When the socket closes, every waiter gets
-    :class:`~gateway.errors.ConnectionClosed`, or the protocol error the server
+    :class:`~leasecast.errors.ConnectionClosed`, or the protocol error the server
     stated before a 4400/4403 close (those are final: see :func:`permanent`).
     """
 
-    def __init__(self, conn: ClientConnection) -> None:
+    def __init__(
+        self, conn: ClientConnection, token: str = "", tokens: TokenSource | None = None
+    ) -> None:
         self.conn = conn
         self._pending = PendingReplies()
         self._frames: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
@@ -240,15 +257,27 @@ class Link:
         #: loop times (seconds) of opening and closing, for "was it healthy?"
         self.opened_at = loop.time()
         self.closed_at: float | None = None
+        #: refreshes done on this socket (signed tokens)
+        self.refreshes = 0
+        #: frames sent on this socket, by ``op`` (what the fast path saved shows here)
+        self.sent_ops: collections.Counter[str] = collections.Counter()
+        self._refresher: asyncio.Task[None] | None = None
         self._reader = asyncio.create_task(self._read())
+        left = seconds_left(token) if tokens is not None and tokens.renewable else None
+        if left is not None:
+            assert tokens is not None
+            self._refresher = asyncio.create_task(self._refresh(tokens, left))
 
     @classmethod
-    async def open(cls, url: str, token: str, **kwargs: Any) -> Link:
+    async def open(cls, url: str, token: TokenLike | TokenSource, **kwargs: Any) -> Link:
         """Connect with ``Authorization: Bearer TOKEN``.
 
         Args:
             url: the socket's ``ws://`` URL.
-            token: the API token.
+            token: the token, a callable returning a fresh one (asked now), or a
+                :class:`~leasecast.tokens.TokenSource`. With a callable and a
+                signed token (a JWT with ``exp``), the socket sends ``refresh``
+                with a fresh token before ``exp``.
             **kwargs: passed on to :func:`websockets.asyncio.client.connect`.
 
         Raises:
@@ -256,9 +285,11 @@ class Link:
             Invalid: the URL is malformed or refused with another 4xx (final).
             ConnectionClosed: the gateway is unreachable or failed (transient).
         """
+        tokens = token if isinstance(token, TokenSource) else TokenSource(token)
+        current = await tokens.get()
         try:
             conn = await connect(
-                url, additional_headers={"Authorization": f"Bearer {token}"}, **kwargs
+                url, additional_headers={"Authorization": f"Bearer {current}"}, **kwargs
             )
         except InvalidStatus as exc:
             raise _refusal(url, exc) from exc
@@ -267,7 +298,32 @@ class Link:
         except (InvalidHandshake, OSError) as exc:
             # OSError covers refused connections and the opening timeout.
             raise ConnectionClosed(f"cannot connect to {url}: {exc}") from exc
-        return cls(conn)
+        return cls(conn, current, tokens)
+
+    async def _refresh(self, tokens: TokenSource, expires_in: float) -> None:
+        """Send ``refresh`` with a fresh token before each expiry, while the socket lives.
+
+        A refused refresh (``forbidden``: another ``sub``; ``unknown_op``: a
+        gateway without signed tokens) is logged and ends refreshing: the
+        gateway then closes with 4401 at expiry and the owner reconnects with
+        a fresh token, which loses nothing a reconnect would not.
+        """
+        while self.closed_with is None:
+            await asyncio.sleep(refresh_delay(expires_in))
+            if self.closed_with is not None:
+                return
+            try:
+                token = await tokens.get()
+                reply = await self.request({"op": "refresh", "token": token})
+            except ConnectionClosed:
+                return
+            except Exception as exc:  # the callable failed, or the gateway refused
+                log.warning("token refresh failed (%s); the socket will close at expiry", exc)
+                return
+            self.refreshes += 1
+            expires_in = float(reply.get("expires_in") or 0.0)
+            if expires_in <= 0:
+                return
 
     @property
     def is_open(self) -> bool:
@@ -300,9 +356,13 @@ class Link:
             self.closed_at = asyncio.get_running_loop().time()
             self._pending.fail_all(self.closed_with)
             self._frames.put_nowait(None)
+            if self._refresher is not None:
+                self._refresher.cancel()  # nothing to refresh on a closed socket
 
     def _close_reason(self, last_error: dict[str, Any] | None) -> LeasecastError:
         code = self.conn.close_code
+        if code == TOKEN_EXPIRED_CLOSE_CODE:
+            return TokenExpired(f"the gateway closed the socket with {code}: token expired")
         if code in PERMANENT_CLOSE_CODES:
             if last_error is not None:
                 return error_for_code(
@@ -324,6 +384,7 @@ class Link:
         # check above, so a reply can never arrive before its waiter exists and
         # a close can never miss a waiter.
         ref, _ = self._pending.new()
+        self.sent_ops[str(frame.get("op"))] += 1
         try:
             await self.conn.send(orjson.dumps({**frame, "ref": ref}).decode())
         except WsConnectionClosed as exc:
@@ -352,7 +413,12 @@ class Link:
             # then swallowed by PendingReplies.resolve().
             self._pending.discard(ref)
         if frame.get("op") == "error":
-            raise error_for_code(str(frame.get("code", "")), str(frame.get("detail", "")))
+            retry_after = frame.get("retry_after")
+            raise error_for_code(
+                str(frame.get("code", "")),
+                str(frame.get("detail", "")),
+                retry_after=float(retry_after) if isinstance(retry_after, int | float) else None,
+            )
         return frame
 
     def forget(self, ref: int) -> None:
@@ -360,8 +426,22 @@ class Link:
         self._pending.discard(ref)
 
     async def request(self, frame: dict[str, Any]) -> dict[str, Any]:
-        """Send ``frame`` and return its successful reply (see :meth:`reply`)."""
-        return await self.reply(await self.send(frame))
+        """Send ``frame`` and return its successful reply (see :meth:`reply`).
+
+        A refusal with ``backpressure`` that says ``retry_after`` (nothing was
+        applied) is sent again after that wait, at most
+        :data:`BACKPRESSURE_RETRIES` times; then, or for a ``backpressure``
+        without ``retry_after`` (a full bounded queue), it is raised.
+        """
+        for attempt in itertools.count():
+            try:
+                return await self.reply(await self.send(frame))
+            except Backpressure as exc:
+                if exc.retry_after is None or attempt >= BACKPRESSURE_RETRIES:
+                    raise
+                log.info("backpressure: retrying %s in %.3f s", frame.get("op"), exc.retry_after)
+                await asyncio.sleep(min(max(exc.retry_after, 0.0), BACKPRESSURE_MAX_WAIT))
+        raise AssertionError("unreachable")
 
     async def next(self) -> dict[str, Any]:
         """The next frame that is not a reply.
@@ -378,13 +458,17 @@ class Link:
 
     async def close(self) -> None:
         """Close the socket politely and wait for the reader to finish."""
+        if self._refresher is not None:
+            self._refresher.cancel()
         await self.conn.close()
         await asyncio.gather(self._reader, return_exceptions=True)
+        if self._refresher is not None:
+            await asyncio.gather(self._refresher, return_exceptions=True)
 
 
 async def reopen(
     url: str,
-    token: str,
+    token: TokenLike | TokenSource,
     initial: float,
     maximum: float,
     *,
@@ -395,7 +479,7 @@ async def reopen(
 
     Args:
         url: the socket's URL.
-        token: the API token.
+        token: the token, or its source (asked afresh for each attempt).
         initial: first backoff ceiling (used when ``delays`` is not given).
         maximum: largest backoff ceiling (used when ``delays`` is not given).
         delays: the backoff schedule to continue (so a flapping gateway sees

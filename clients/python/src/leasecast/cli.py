@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import math
 import os
@@ -29,12 +30,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import quote
 
-from gateway.client.link import http_url
-from gateway.client.producer import Producer
-from gateway.client.subscriber import Subscriber
-from gateway.client.worker import Worker
-from gateway.errors import LeasecastError, ProtocolError, error_for_code
-from gateway.protocol import MAX_GROUP_LENGTH, MAX_PRIORITY, MAX_TTL
+from leasecast.errors import LeasecastError, ProtocolError, error_for_code
+from leasecast.link import http_url
+from leasecast.producer import Producer
+from leasecast.subscriber import Subscriber
+from leasecast.worker import Worker
 
 __all__ = [
     "UsageError",
@@ -44,6 +44,13 @@ __all__ = [
     "parse_bodies",
     "positive_int",
 ]
+
+# The protocol's limits (docs/protocol.md, Work queue 1.1), checked before
+# connecting so a typo is a usage error; tests/unit/test_client_pure.py checks
+# they equal the gateway's (gateway.protocol), which this package cannot import.
+MAX_GROUP_LENGTH = 200
+MAX_PRIORITY = 100
+MAX_TTL = 31_536_000.0
 
 _DESCRIPTION = "Enqueue, consume, publish, subscribe and inspect Leasecast from a shell."
 
@@ -153,7 +160,7 @@ def enqueue_options(
 
     Returns:
         ``(group, priority, ttl)`` for :meth:`Producer.enqueue
-        <gateway.client.producer.Producer.enqueue>` (priority 0 when not given).
+        <leasecast.producer.Producer.enqueue>` (priority 0 when not given).
 
     Raises:
         UsageError: a value the gateway would refuse, named in one line.
@@ -200,7 +207,7 @@ async def _enqueue(ns: argparse.Namespace) -> None:
             messages = [{"body": body, "delay": ns.delay} for body in bodies]
             results = await producer.enqueue_many(ns.queue, messages, **options)
     for result in results:
-        print(json.dumps(result))
+        print(json.dumps(dataclasses.asdict(result)))
 
 
 async def _consume(ns: argparse.Namespace) -> None:
@@ -233,7 +240,10 @@ async def _publish(ns: argparse.Namespace) -> None:
         raise UsageError("no bodies: give JSON bodies as arguments or '-' for stdin")
     async with Producer(ns.url, token=ns.token) as producer:
         for body in bodies:
-            print(json.dumps({"topic": ns.topic, "seq": await producer.publish(ns.topic, body)}))
+            result = await producer.publish(ns.topic, body)
+            # offset and epoch only from a gateway with topic history
+            line = {k: v for k, v in dataclasses.asdict(result).items() if v is not None}
+            print(json.dumps(line))
 
 
 async def _subscribe(ns: argparse.Namespace) -> None:
@@ -244,6 +254,8 @@ async def _subscribe(ns: argparse.Namespace) -> None:
     async with subscriber:
         async for message in subscriber:
             line = {"seq": message.seq, "body": message.body, "dropped": subscriber.dropped}
+            if message.offset is not None:
+                line["offset"] = message.offset
             print(json.dumps(line), flush=True)
             done += 1
             if ns.count is not None and done >= ns.count:

@@ -1,0 +1,29 @@
+"""The Python client of Leasecast: no Django needed, built on ``websockets`` and ``orjson``.
+
+- :class:`Worker`: consume a queue (async iteration over :class:`Delivery`).
+- :class:`Producer`: enqueue, one message or many, and publish.
+- :class:`Subscriber`: receive a broadcast topic (async iteration over
+  :class:`Message`), resuming from its offset after a reconnect.
+- Results are dataclasses: :class:`EnqueueResult`, :class:`PublishResult`,
+  :class:`Subscribed`.
+- Errors: :mod:`leasecast.errors` (the gateway shares the same tree).
+- ``leasecast``: the console script (:mod:`leasecast.cli`).
+"""
+
+from __future__ import annotations
+
+from leasecast.producer import Producer
+from leasecast.results import EnqueueResult, PublishResult, Subscribed
+from leasecast.subscriber import Message, Subscriber
+from leasecast.worker import Delivery, Worker
+
+__all__ = [
+    "Delivery",
+    "EnqueueResult",
+    "Message",
+    "Producer",
+    "PublishResult",
+    "Subscribed",
+    "Subscriber",
+    "Worker",
+]
