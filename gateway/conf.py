@@ -34,6 +34,11 @@ class GatewaySettings:
     #: topics with no subscriber a process keeps counters for; beyond it the
     #: least recently published are forgotten at once (ever-new names)
     topic_limit: int = 10_000
+    # -- process
+    #: allocations between two collections of the garbage collector's youngest
+    #: generation in the standalone service (Python's default is 700); 0 leaves
+    #: Python's settings alone
+    gc_threshold: int = 10_000
     #: the Redis that several gateway processes share (topic offsets, history
     #: and relay: gateway.streams); empty: one process, topics in memory
     redis_url: str = ""
@@ -94,6 +99,7 @@ def gateway_settings() -> GatewaySettings:
         block_wait=_setting("GATEWAY_BLOCK_WAIT", d.block_wait),
         topic_idle=_setting("GATEWAY_TOPIC_IDLE", d.topic_idle),
         topic_limit=_setting("GATEWAY_TOPIC_LIMIT", d.topic_limit),
+        gc_threshold=_setting("GATEWAY_GC_THRESHOLD", d.gc_threshold),
         redis_url=_setting("REDIS_URL", d.redis_url) or "",
         redis_prefix=_setting("GATEWAY_REDIS_PREFIX", d.redis_prefix),
         topic_relay_window=_setting("GATEWAY_TOPIC_RELAY_WINDOW", d.topic_relay_window),

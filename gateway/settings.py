@@ -253,6 +253,7 @@ GATEWAY_BLOCK_WAIT = float(os.environ.get("GATEWAY_BLOCK_WAIT", 10.0))
 # A topic with no subscriber on a process and no publish for this long is forgotten there.
 GATEWAY_TOPIC_IDLE = float(os.environ.get("GATEWAY_TOPIC_IDLE", 300.0))
 GATEWAY_TOPIC_LIMIT = int(os.environ.get("GATEWAY_TOPIC_LIMIT", 10_000))
+GATEWAY_GC_THRESHOLD = int(os.environ.get("GATEWAY_GC_THRESHOLD", 10_000))
 # Topic offsets, history and the relay between processes live in this Redis
 # (gateway.streams); unset, in the one process.
 REDIS_URL = os.environ.get("REDIS_URL", "")
