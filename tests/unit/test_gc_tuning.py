@@ -9,8 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = (
-    "import gc, gateway.asgi; "
-    "print(gc.get_threshold()[0], gc.get_freeze_count() > 0, flush=True)"
+    "import gc, gateway.asgi; print(gc.get_threshold()[0], gc.get_freeze_count() > 0, flush=True)"
 )
 
 
