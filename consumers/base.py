@@ -314,12 +314,13 @@ class GatewaySocket(AsyncWebsocketConsumer):
             self._outbox_ready.clear()
             frames, self._outbox = self._outbox, []
             window = self._window
+            send = self.base_send  # the server's send: Channels' send() adds two calls a frame
             for frame in frames:
                 if window.transport_paused:
                     # daphne's write buffer is full: the rest wait here, counted
                     # by the window, rather than in Twisted's buffer, uncounted.
                     await window.transport_ready.wait()
-                await self.send(text_data=frame)
+                await send({"type": "websocket.send", "text": frame})
                 window.sent()
             if self._close_code is not None:
                 # The close frame too: sent into a full buffer, daphne's close
