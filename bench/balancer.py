@@ -44,12 +44,12 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 
+from bench.procstat import cpu_of, machine_busy_seconds
 from bench.workqueue import LeasecastTarget
 from tests.databases import postgres_database, postgres_unavailable
 from tests.integration.conftest import redis_unavailable
 from tests.integration.harness import Balancer, GatewayProcess, haproxy_unavailable
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 SETUPS = ("1 direct", "1 via haproxy", "2 via haproxy")
 
 
@@ -63,23 +63,6 @@ class UrlTarget(LeasecastTarget):
 
     async def socket(self, path: str) -> ClientConnection:
         return await connect(self.ws_url + path, additional_headers=self.headers, max_size=None)
-
-
-def machine_busy_seconds() -> float:
-    """CPU seconds the whole machine spent busy so far (all cores, ``/proc/stat``)."""
-    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = values[3] + values[4]  # idle, iowait
-    return (sum(values[:8]) - idle) / CLOCK_TICKS
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """utime + stime of a process and its reaped children, in seconds (0 if it is gone)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = text[text.rindex(")") + 2 :].split()
-    return sum(int(v) for v in fields[11:15]) / CLOCK_TICKS
 
 
 def postgres_pids() -> list[int]:
@@ -164,16 +147,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             order = list(SETUPS) if round_ % 2 else list(reversed(SETUPS))
             for setup in order:
                 pids = {name: pids() for name, pids in groups.items()}
-                cpu0 = {name: sum(map(process_cpu_seconds, p)) for name, p in pids.items()}
+                cpu0 = {name: cpu_of(p, children=True) for name, p in pids.items()}
                 busy0, wall0 = machine_busy_seconds(), time.monotonic()
                 seconds, _ = await measure(
                     targets[setup], args.messages, args.producers, args.workers, args.prefetch
                 )
                 cores = os.cpu_count() or 1
                 busy = (machine_busy_seconds() - busy0) / ((time.monotonic() - wall0) * cores)
-                cpu = {
-                    name: sum(map(process_cpu_seconds, p)) - cpu0[name] for name, p in pids.items()
-                }
+                cpu = {name: cpu_of(p, children=True) - cpu0[name] for name, p in pids.items()}
                 sample = Sample(setup, round_, args.messages, seconds, busy, cpu)
                 samples.append(sample)
                 print(

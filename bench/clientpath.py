@@ -65,7 +65,8 @@ from typing import Any
 
 from leasecast import Producer, Worker
 
-from bench.efficiency import machine_busy_seconds, process_cpu_seconds, summarise_raw
+from bench.efficiency import summarise_raw
+from bench.procstat import cpu_of, loadavg, machine_busy_seconds
 from bench.workqueue import (
     LeasecastTarget,
     percentile,
@@ -79,11 +80,6 @@ MODES = ("default", "v1", "rabbitmq", "default-serial")
 WINDOW = 500  # unconfirmed enqueues in flight, as bench.workqueue
 
 
-def loadavg() -> str:
-    """The first three fields of ``/proc/loadavg``."""
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
-
 def rabbit_pids() -> list[int]:
     """The RabbitMQ server's processes (``beam.smp``), to count its CPU; may be empty."""
     pids = []
@@ -95,17 +91,6 @@ def rabbit_pids() -> list[int]:
             except OSError:
                 continue
     return pids
-
-
-def cpu_of(pids: list[int]) -> float:
-    """CPU seconds of ``pids`` so far (the ones that still exist)."""
-    total = 0.0
-    for pid in pids:
-        try:
-            total += process_cpu_seconds(pid)
-        except OSError:
-            continue
-    return total
 
 
 @dataclass

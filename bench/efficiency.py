@@ -47,11 +47,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.procstat import machine_busy_seconds, process_cpu_seconds
 from bench.workqueue import LeasecastTarget, start_gateway
 from tests.integration import harness
 from tests.integration.harness import GatewayProcess
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 SERVERS = ("daphne", "uvicorn")
 
 
@@ -63,22 +63,6 @@ class EchoProcess(GatewayProcess):
             "bench.echo_app:application" if arg == "gateway.asgi:application" else arg
             for arg in super().command()
         ]
-
-
-def process_cpu_seconds(pid: int, tid: int | None = None) -> float:
-    """User + system CPU seconds of process ``pid`` so far, all its threads (or thread ``tid``)."""
-    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
-    text = Path(path).read_text()
-    fields = text[text.rindex(")") + 2 :].split()
-    # After "pid (comm) ": state is field 3 of proc(5), utime 14, stime 15.
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-def machine_busy_seconds() -> float:
-    """CPU seconds the whole machine spent busy so far (all cores, from ``/proc/stat``)."""
-    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = values[3] + values[4]  # idle, iowait
-    return (sum(values[:8]) - idle) / CLOCK_TICKS
 
 
 @dataclass

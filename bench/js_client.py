@@ -66,6 +66,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from bench.procstat import loadavg
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -80,11 +82,6 @@ CLIENTS = ("js", "python")
 MODES = ("forced", "reopen")
 HISTORY = 20_000
 TICK = 0.005  # seconds between live messages during a resume
-
-
-def loadavg() -> str:
-    """The first three fields of ``/proc/loadavg``."""
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def browser_missing() -> str | None:

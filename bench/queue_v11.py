@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import statistics
 import sys
@@ -63,6 +62,7 @@ from typing import Any
 
 import orjson
 
+from bench.procstat import process_cpu_seconds
 from bench.soak import rss_mib
 from bench.workqueue import (
     WINDOW,
@@ -77,12 +77,6 @@ from tests.integration.harness import ahttp
 POLICIES = ("drop_newest", "drop_oldest", "block")
 DELIVER, ACK = 0, 1
 PRIORITY_RANGE = (-100, 99)  # the backlog's; probes are 100, above all of it
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far, from ``/proc/PID/stat``."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def token_of(target: LeasecastTarget) -> str:
@@ -227,11 +221,11 @@ async def groups_section(target: LeasecastTarget, args: argparse.Namespace) -> l
             )
             row.enqueue_per_s = n / seconds
             log: list[tuple[int, str | None, int, int]] = []
-            cpu = cpu_seconds(pid)
+            cpu = process_cpu_seconds(pid)
             seconds = await drain(
                 target, queue, n, args.workers, args.prefetch, batched=batched, log=log
             )
-            row.gateway_cpu = (cpu_seconds(pid) - cpu) / seconds
+            row.gateway_cpu = (process_cpu_seconds(pid) - cpu) / seconds
             row.drain_per_s = n / seconds
             check_log(row, log, args.per_group)
             rows.append(row)
@@ -366,11 +360,11 @@ async def bounded_run(
             row.seconds = time.perf_counter() - start
             reader.cancel()
 
-    cpu = cpu_seconds(pid)
+    cpu = process_cpu_seconds(pid)
     tasks = [asyncio.create_task(worker()) for _ in range(workers)]
     tasks.append(asyncio.create_task(sampler()))
     await producer()
-    row.gateway_cpu = (cpu_seconds(pid) - cpu) / row.seconds
+    row.gateway_cpu = (process_cpu_seconds(pid) - cpu) / row.seconds
     stop.set()
     await asyncio.gather(*tasks)
     rss.append(rss_mib(pid))

@@ -73,6 +73,7 @@ import orjson
 from websockets.asyncio.client import ClientConnection, connect
 
 from bench.fanout import Target, fanout_round
+from bench.procstat import process_cpu_seconds
 from bench.workqueue import percentile
 from tests.databases import PG_ADMIN_URL, ROOT, postgres_database, postgres_unavailable
 from tests.integration.harness import GatewayProcess, ahttp
@@ -492,10 +493,9 @@ async def latency_round(d: Deployment, rate: float, seconds: float, n_subs: int)
 
 
 def cpu_seconds(gw: GatewayProcess) -> float:
-    """User + system CPU of the process so far (all its threads), from /proc."""
+    """User + system CPU of the gateway process so far (all its threads)."""
     assert gw.proc is not None
-    fields = Path(f"/proc/{gw.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return process_cpu_seconds(gw.proc.pid)
 
 
 def rotated(items: list[Any], k: int) -> list[Any]:
