@@ -28,19 +28,20 @@ def doc_block(section: str, language: str) -> str:
     return match.group(1) + "\n"
 
 
-def test_raw_protocol_example_runs_against_a_live_gateway(gateway: GatewayProcess) -> None:
-    code = doc_block("Any other language: the raw protocol", "python")
-    # Exactly the scopes the section asks for: the example needs no more.
+def run_example(gateway: GatewayProcess, section: str, name: str) -> str:
+    """Run the section's Python block as a program of its own, with only the
+    environment the docs name and a token with exactly the scopes they list
+    (the examples need no more); its output."""
     token = gateway.issue_token(
         "enqueue:emails",
         "consume:emails",
         "publish:prices",
         "subscribe:prices",
-        name="raw-example",
+        name=name,
     )
     env = {**os.environ, "LEASECAST_URL": gateway.http, "LEASECAST_TOKEN": token}
     done = subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, "-c", doc_block(section, "python")],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -48,11 +49,16 @@ def test_raw_protocol_example_runs_against_a_live_gateway(gateway: GatewayProces
         timeout=60,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    lines = done.stdout.splitlines()
+    return done.stdout
+
+
+def test_raw_protocol_example_runs_against_a_live_gateway(gateway: GatewayProcess) -> None:
+    output = run_example(gateway, "Any other language: the raw protocol", "raw-example")
+    lines = output.splitlines()
     assert re.fullmatch(r"enqueued \d+ duplicate False", lines[0]), lines
     assert lines[1] == "working on hi delivery 1", lines
     assert lines[-1] == "prices [101, 102, 103]", lines
-    assert "messages were lost" not in done.stdout
+    assert "messages were lost" not in output
 
 
 async def test_raw_protocol_example_resumes_from_a_saved_position(
