@@ -112,6 +112,13 @@ class GatewaySocket(AsyncWebsocketConsumer):
         # These sockets never use Django's connections on the loop thread
         # (the store has its own, and auth runs in database_sync_to_async,
         # which cleans up after itself), so the hop is skipped.
+        if message["type"] == "websocket.receive":
+            # The hot path, one call per frame: Channels would look the handler
+            # up by name and pass through websocket_receive() and receive().
+            text = message.get("text")
+            if text is not None and self._open and len(text) <= self.conf.max_frame_bytes:
+                self.receive_text(text)
+                return
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"no handler for message type {message['type']}")
@@ -119,6 +126,7 @@ class GatewaySocket(AsyncWebsocketConsumer):
 
     async def connect(self) -> None:
         self.conf = gateway_settings()
+        self._limits = self.conf.limits
         self._outbox: list[str] = []
         self._outbox_ready = asyncio.Event()
         # Frames pending and the transport's room: the socket's writability
@@ -225,6 +233,10 @@ class GatewaySocket(AsyncWebsocketConsumer):
             # servers started without it.
             await self.close(code=CLOSE_TOO_BIG)
             return
+        self.receive_text(text_data)
+
+    def receive_text(self, text_data: str) -> None:
+        """Act on one text frame of an open socket, within the size limit."""
         ref: Ref = None
         charged = False
         try:
@@ -236,7 +248,7 @@ class GatewaySocket(AsyncWebsocketConsumer):
                 # lifetime), so it is handled here, whatever the subclass's ops.
                 frame = parse_refresh(obj)
             else:
-                frame = parse_frame(obj, self.ops, self.conf.limits)
+                frame = parse_frame(obj, self.ops, self._limits)
             if self._rated:
                 charged = True
                 self._charge(1 if isinstance(frame, RefreshFrame) else frame_cost(frame))

@@ -345,13 +345,15 @@ def parse_enqueue_spec(obj: object, limits: Limits) -> EnqueueSpec:
             # PostgreSQL cannot store U+0000 in text: refused here, the same
             # on every backend, rather than failing in the store.
             raise Invalid("key must not contain U+0000")
+    # The protocol 1.1 fields are read only when present: most messages have
+    # none of them, and each reader costs a call on the hot path.
     return EnqueueSpec(
         body_json=_read_body(obj, limits),
         key=key,
-        delay=_read_delay(obj),
-        group=_read_group(obj),
-        priority=_read_priority(obj),
-        ttl=_read_ttl(obj),
+        delay=_read_delay(obj) if "delay" in obj else 0.0,
+        group=_read_group(obj) if "group" in obj else None,
+        priority=_read_priority(obj) if "priority" in obj else 0,
+        ttl=_read_ttl(obj) if "ttl" in obj else None,
     )
 
 
@@ -447,9 +449,9 @@ def parse_frame(obj: dict[str, Any], allowed: frozenset[str], limits: Limits) ->
         raise BadFrame("missing or non-string field 'op'")
     if op not in allowed:
         raise UnknownOp(f"op {op[:40]!r} is not known on this socket")
-    if "ref" in obj and obj["ref"] is not None and read_ref(obj) is None:
-        raise BadFrame("field 'ref' must be a string or a number")
     ref = read_ref(obj)
+    if ref is None and obj.get("ref") is not None:
+        raise BadFrame("field 'ref' must be a string or a number")
     if op == "enqueue":
         return EnqueueFrame(_read_queue(obj), parse_enqueue_spec(obj, limits), ref)
     if op == "ack":
