@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import logging
 import time
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs
 
 from channels.consumer import get_handler_name
@@ -42,6 +42,7 @@ from gateway.protocol import (
     RefreshFrame,
     decode_object,
     encode,
+    encode_enqueued,
     encode_error,
     parse_frame,
     parse_refresh,
@@ -237,11 +238,10 @@ class GatewaySocket(AsyncWebsocketConsumer):
 
     def receive_text(self, text_data: str) -> None:
         """Act on one text frame of an open socket, within the size limit."""
-        ref: Ref = None
+        obj: dict[str, Any] | None = None
         charged = False
         try:
             obj = decode_object(text_data)
-            ref = read_ref(obj)
             frame: ClientFrame | RefreshFrame
             if obj.get("op") == REFRESH_OP:
                 # Every socket kind takes refresh (protocol 1.1: token
@@ -257,8 +257,9 @@ class GatewaySocket(AsyncWebsocketConsumer):
             else:
                 self.handle(frame)
         except RateLimited as exc:
-            self.push(encode(exc.frame(), ref))
+            self.push(encode(exc.frame(), _ref_of(obj)))
         except ProtocolError as exc:
+            ref = _ref_of(obj)
             if self._rated and not charged:
                 # A bad frame costs one message too, so a flood of them is
                 # bounded like any other; over the rate it is told that instead.
@@ -270,7 +271,9 @@ class GatewaySocket(AsyncWebsocketConsumer):
             self.push(encode_error(exc.code, exc.detail, ref))
         except Exception:
             log.exception("%s socket failed on a frame", self.kind)
-            self.push(encode_error("unavailable", "internal error; nothing was applied", ref))
+            self.push(
+                encode_error("unavailable", "internal error; nothing was applied", _ref_of(obj))
+            )
 
     def _charge(self, cost: int) -> None:
         """Charge ``cost`` messages to the caller's rate, or raise :class:`RateLimited`."""
@@ -468,7 +471,11 @@ class GatewaySocket(AsyncWebsocketConsumer):
         if isinstance(frame, EnqueueFrame):
 
             def landed(result: Result) -> None:
-                self.reply(result, ref, _enqueued)
+                if isinstance(result, ProtocolError):
+                    self.push(encode_error(result.code, result.detail, ref))
+                else:
+                    (enqueued,) = cast(list[EnqueueResult], result)
+                    self.push(encode_enqueued(enqueued.id, enqueued.duplicate, ref))
 
             self.engine.submit(Enqueue(queue, (frame.message,)), landed)
         else:
@@ -493,8 +500,9 @@ def int_param(params: dict[str, str], name: str, default: int, low: int, high: i
     return value
 
 
-def _enqueued(results: list[EnqueueResult]) -> dict[str, Any]:
-    return {"op": "enqueued", **results[0].as_json()}
+def _ref_of(obj: dict[str, Any] | None) -> Ref:
+    """The ``ref`` to echo in an error reply: read only when one is needed."""
+    return None if obj is None else read_ref(obj)
 
 
 def _enqueued_many(results: list[EnqueueResult]) -> dict[str, Any]:

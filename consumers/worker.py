@@ -16,6 +16,7 @@ from consumers.base import GatewaySocket, int_param
 from gateway.errors import Invalid, ProtocolError, StaleReceipt
 from gateway.leases import MAX_TIMEOUT, WorkerLeases
 from gateway.protocol import (
+    ACKED,
     AckFrame,
     AckManyFrame,
     ClientFrame,
@@ -198,13 +199,16 @@ class WorkerSocket(GatewaySocket):
             target = queue or self.queue
             self.require("enqueue", target)
             follow_ups.append((target, spec))
-        ref = frame.ref
+        receipt, ref = frame.receipt, frame.ref
 
         def landed(result: Result) -> None:
-            if self._settle(frame.receipt, result):
+            if self._settle(receipt, result):
                 self.acked += 1
                 self.engine.count(self.queue, "acked")
-            self.reply(result, ref, _acked_reply if not follow_ups else _acked_with_follow_ups)
+                if not follow_ups:
+                    self.push(ACKED if ref is None else encode({"op": "acked"}, ref))
+                    return
+            self.reply(result, ref, _acked_with_follow_ups)
 
         self.engine.submit(Ack(frame.receipt, tuple(follow_ups), frame.task), landed)
 
@@ -285,10 +289,6 @@ class WorkerSocket(GatewaySocket):
             "rejected": self.rejected,
             "redelivered": self.redelivered,
         }
-
-
-def _acked_reply(_: AckResult) -> dict[str, Any]:
-    return {"op": "acked"}
 
 
 def _acked_with_follow_ups(result: AckResult) -> dict[str, Any]:

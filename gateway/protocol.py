@@ -25,6 +25,7 @@ from gateway.errors import BadFrame, Invalid, TooLarge, UnknownOp
 from gateway.leases import MAX_TIMEOUT
 
 __all__ = [
+    "ACKED",
     "MAX_BATCH",
     "MAX_DELAY",
     "MAX_GROUP_LENGTH",
@@ -55,6 +56,7 @@ __all__ = [
     "encode",
     "encode_deliver",
     "encode_deliveries",
+    "encode_enqueued",
     "encode_error",
     "parse_enqueue_spec",
     "parse_frame",
@@ -62,6 +64,13 @@ __all__ = [
 ]
 
 Ref: TypeAlias = str | int | float | None
+
+# Hot records: those made once or more per message of a work-queue cycle
+# (EnqueueSpec, EnqueueFrame, AckFrame here; Enqueue, Ack, EnqueueResult and
+# Delivered in gateway.store.ops) are slotted dataclasses that are not frozen.
+# A frozen one pays object.__setattr__ per field when it is made (EnqueueSpec:
+# 626 against 149 ns on the benchmark machine), about 2 us a cycle in all.
+# Nothing assigns to them after construction; every other record is frozen.
 
 #: Queue and topic names: 1-200 characters of ``[A-Za-z0-9._-]`` (protocol: Authentication).
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
@@ -88,7 +97,7 @@ class Limits:
     max_body_bytes: int = 256 * 1024
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # a hot record, not frozen (see above)
 class EnqueueSpec:
     """One message to enqueue: its canonical JSON body and the ENQUEUE options.
 
@@ -104,7 +113,7 @@ class EnqueueSpec:
     ttl: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # a hot record, not frozen (see above)
 class EnqueueFrame:
     """``{"op": "enqueue", "queue"?, "body", "key"?, "delay"?}``."""
 
@@ -139,7 +148,7 @@ class TaskOutcome:
     error: tuple[str, str] | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # a hot record, not frozen (see above)
 class AckFrame:
     """``{"op": "ack", "receipt", "enqueue"?: [ENQUEUE, ...], "task"?: OUTCOME}``."""
 
@@ -598,6 +607,21 @@ def encode(frame: dict[str, Any], ref: Ref = None) -> str:
         else:
             frame["ref"] = ref
     return orjson.dumps(frame).decode()
+
+
+def encode_enqueued(msg_id: str, duplicate: bool, ref: Ref = None) -> str:
+    """Encode ``{"op": "enqueued", "id", "duplicate"}``, the reply to every ENQUEUE.
+
+    Without a ``ref`` the frame is spliced, as ``deliver`` is: ids are the
+    store's integers as text, which JSON needs no escaping for.
+    """
+    if ref is not None:
+        return encode({"op": "enqueued", "id": msg_id, "duplicate": duplicate}, ref)
+    return f'{{"op":"enqueued","id":"{msg_id}","duplicate":{"true" if duplicate else "false"}}}'
+
+
+#: ``{"op": "acked"}`` without a ``ref``: the reply to most acks, made once.
+ACKED = encode({"op": "acked"})
 
 
 def encode_error(code: str, detail: str, ref: Ref = None) -> str:

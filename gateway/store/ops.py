@@ -1,10 +1,11 @@
 """The store's vocabulary: the operations it applies and the results it returns.
 
-Every operation is a frozen dataclass that names the type of its result
-(``Returns[T]``), so ``await engine.call(Stats("q"))`` is typed as
-:class:`QueueStats` and a reader finds every op and every result here. A
-refused operation's result is instead the :class:`~gateway.errors.ProtocolError`
-that refused it (and then it changed nothing).
+Every operation is a dataclass (frozen, but for the hot few: see "Hot records"
+in ``gateway.protocol``) that names the type of its result (``Returns[T]``),
+so ``await engine.call(Stats("q"))`` is typed as :class:`QueueStats` and a
+reader finds every op and every result here. A refused operation's result is
+instead the :class:`~gateway.errors.ProtocolError` that refused it (and then
+it changed nothing).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ class Returns(Generic[T]):
 # -- results -------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # a hot record, not frozen (gateway.protocol, "Hot records")
 class EnqueueResult:
     """The id given to an enqueued message, or the existing id of a duplicate key."""
 
@@ -76,7 +77,7 @@ class EnqueueResult:
         return {"id": self.id, "duplicate": self.duplicate}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # a hot record, not frozen (gateway.protocol, "Hot records")
 class Delivered:
     """One leased message, ready to be sent as a ``deliver`` frame."""
 
@@ -191,7 +192,7 @@ class BrowsePage:
 # -- operations ------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # a hot record, not frozen (gateway.protocol, "Hot records")
 class Enqueue(Returns[list[EnqueueResult]]):
     """Enqueue messages to one queue, all or nothing."""
 
@@ -208,7 +209,7 @@ class Lease(Returns[LeaseResult]):
     visibility_timeout: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # a hot record, not frozen (gateway.protocol, "Hot records")
 class Ack(Returns[AckResult]):
     """Delete a leased message, and enqueue ``follow_ups`` in the same transaction.
 
