@@ -36,6 +36,7 @@ from gateway.store import (
     Returns,
     Store,
 )
+from gateway.store.dialects import check_sqlite
 
 __all__ = ["PROCESS_NAME", "Engine", "django_store"]
 
@@ -75,6 +76,7 @@ def django_store() -> Store:
         wrapper.ensure_connection()
         raw = wrapper.connection
         if isinstance(raw, sqlite3.Connection):
+            check_sqlite(raw)
             raw.isolation_level = None  # we issue BEGIN IMMEDIATE / COMMIT ourselves
         else:
             raw.autocommit = True
@@ -146,10 +148,12 @@ class Engine:
         appears, for up to ``block_wait`` seconds, then answered
         ``backpressure`` (protocol 1.1: bounded queues).
         """
-        if isinstance(op, _COUNTED_OPS):
-            self.committer.submit(op, lambda result: self._landed(op, result, callback, None))
-        else:
+        if not isinstance(op, _COUNTED_OPS) or (type(op) is Ack and not op.follow_ups):
+            # Nothing to count on landing, and no room to wait for (a plain
+            # ack is most of a worker's traffic): the result goes straight back.
             self.committer.submit(op, callback)
+        else:
+            self.committer.submit(op, lambda result: self._landed(op, result, callback, None))
 
     def _landed(
         self,
@@ -159,7 +163,14 @@ class Engine:
         deadline: float | None,
         poll: float = ROOM_POLL,
     ) -> None:
-        if isinstance(result, QueueFull) and result.may_wait:
+        if not isinstance(result, ProtocolError):
+            if isinstance(op, Enqueue):
+                enqueued = cast(list[EnqueueResult], result)
+                self.count(op.queue, "enqueued", sum(1 for r in enqueued if not r.duplicate))
+            elif isinstance(op, Ack):
+                for queue, _ in op.follow_ups:
+                    self.count(queue, "enqueued")
+        elif isinstance(result, QueueFull) and result.may_wait:
             now = time.monotonic()
             deadline = now + self.block_wait if deadline is None else deadline
             if now < deadline:
@@ -177,13 +188,6 @@ class Engine:
             result = Backpressure(
                 f"queue {result.queue!r} stayed full for {self.block_wait:g} s (overflow block)"
             )
-        if not isinstance(result, ProtocolError):
-            if isinstance(op, Enqueue):
-                enqueued = cast(list[EnqueueResult], result)
-                self.count(op.queue, "enqueued", sum(1 for r in enqueued if not r.duplicate))
-            elif isinstance(op, Ack):
-                for queue, _ in op.follow_ups:
-                    self.count(queue, "enqueued")
         callback(result)
 
     def _wait_for_room(

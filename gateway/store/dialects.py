@@ -6,6 +6,16 @@ differs lives here: how a transaction begins, the lease statement (DESIGN
 decision 2), bulk inserts and acks (arrays on PostgreSQL, VALUES lists on
 SQLite), and the per-group lock that only PostgreSQL needs.
 
+The hot statements (:meth:`Dialect.lease`, :meth:`Dialect.insert`,
+:meth:`Dialect.ack_many`) are run by the dialect itself, through the ``run``
+it is given, because on SQLite *how many rows* a statement returns matters:
+Python's ``sqlite3`` releases the GIL around every step, one per row, and
+the store thread must win it back from the event loop after each. A lease,
+insert or ack of N messages that returned N rows (``RETURNING``) paid N such
+hand-offs; on SQLite each now returns at most one row (``json_group_array``),
+so a batch pays a few, whatever its size. PostgreSQL's driver fetches a whole
+result at once, so ``RETURNING`` stays there.
+
 The stored states are the integers of :class:`gateway.leases.StoredState`:
 0 READY, 1 LEASED, 2 DEAD, 3 DELAYED, 4 WAITING.
 """
@@ -13,12 +23,17 @@ The stored states are the integers of :class:`gateway.leases.StoredState`:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["POSTGRESQL", "SQLITE", "Dialect", "Statement"]
+import orjson
+
+__all__ = ["POSTGRESQL", "SQLITE", "Dialect", "Run", "Statement", "check_sqlite"]
 
 Statement = tuple[str, Sequence[Any]]
+#: Runs one statement (``%s`` placeholders) in the current transaction and
+#: returns the cursor (``Txn.exec``).
+Run = Callable[[str, Sequence[Any]], Any]
 
 #: The columns an enqueue writes, in the order of :meth:`Dialect.insert`'s rows.
 INSERT_COLUMNS = (
@@ -42,18 +57,23 @@ class Dialect:
         """Adapt ``%s`` placeholders to the driver's style."""
         return text if self.placeholder == "%s" else text.replace("%s", self.placeholder)
 
-    def lease(self, queue_id: int, n: int, now: float, lease_end: float, token: int) -> Statement:
-        """Lease up to ``n`` heads of the queue in delivery order (priority, then id)."""
+    def lease(
+        self, run: Run, queue_id: int, n: int, now: float, lease_end: float, token: int
+    ) -> list[Sequence[Any]]:
+        """Lease up to ``n`` heads of the queue in delivery order (priority, then id);
+        returns a row of :data:`LEASED_COLUMNS` per message, in no promised order."""
         raise NotImplementedError
 
-    def insert(self, rows: Sequence[tuple[Any, ...]]) -> Statement:
-        """Insert message rows (values in :data:`INSERT_COLUMNS` order but ``deliveries``),
-        returning their ids."""
+    def insert(self, run: Run, rows: Sequence[tuple[Any, ...]]) -> list[int]:
+        """Insert message rows (values in :data:`INSERT_COLUMNS` order but ``deliveries``);
+        returns their ids in the order given."""
         raise NotImplementedError
 
-    def ack_many(self, pairs: Sequence[tuple[int, int]], now: float) -> Statement:
-        """Delete the current leases named by ``(id, lease_token)`` pairs, returning
-        the pairs deleted and the group of each."""
+    def ack_many(
+        self, run: Run, pairs: Sequence[tuple[int, int]], now: float
+    ) -> list[Sequence[Any]]:
+        """Delete the current leases named by ``(id, lease_token)`` pairs; returns
+        ``(id, lease_token, queue_id, group)`` for each one deleted."""
         raise NotImplementedError
 
     def lock_groups(self, keys: Sequence[tuple[int, str]]) -> Statement | None:
@@ -72,51 +92,113 @@ class _Sqlite(Dialect):
     begin = "BEGIN IMMEDIATE"
     placeholder = "?"
 
-    _LEASE = f"""
-        UPDATE leasecast_message
-        SET state = 1, deliveries = deliveries + 1, lease_token = ?,
-            visible_at = CASE WHEN expires_at < ? THEN expires_at ELSE ? END
-        WHERE id IN (
-            SELECT id FROM (
-                SELECT id, priority FROM (
-                    SELECT id, priority FROM leasecast_message
-                    WHERE queue_id = ? AND state = 0 ORDER BY priority DESC, id LIMIT ?
-                )
-                UNION ALL
-                SELECT id, priority FROM (
-                    SELECT id, priority FROM leasecast_message
-                    WHERE queue_id = ? AND state IN (1, 3) AND visible_at <= ?
-                    ORDER BY priority DESC, id LIMIT ?
-                )
-                ORDER BY priority DESC, id LIMIT ?
+    # The heads to lease, as one JSON array of ids.
+    _PICK = """
+        SELECT json_group_array(id) FROM (
+            SELECT id, priority FROM (
+                SELECT id, priority FROM leasecast_message
+                WHERE queue_id = %s AND state = 0 ORDER BY priority DESC, id LIMIT %s
             )
+            UNION ALL
+            SELECT id, priority FROM (
+                SELECT id, priority FROM leasecast_message
+                WHERE queue_id = %s AND state IN (1, 3) AND visible_at <= %s
+                ORDER BY priority DESC, id LIMIT %s
+            )
+            ORDER BY priority DESC, id LIMIT %s
         )
-        RETURNING {LEASED_COLUMNS}
     """
 
-    def lease(self, queue_id: int, n: int, now: float, lease_end: float, token: int) -> Statement:
-        return self._LEASE, (token, lease_end, lease_end, queue_id, n, queue_id, now, n, n)
+    # The statements below take their lists as one JSON array parameter, so
+    # their text never changes: SQLite parses and plans each once (Python's
+    # statement cache), where a list of N placeholders was a new statement
+    # for every N, parsed and planned again, with N parameters bound one by one.
+    _LEASE_IDS = """
+        UPDATE leasecast_message SET state = 1, deliveries = deliveries + 1, lease_token = %s,
+            visible_at = CASE WHEN expires_at < %s THEN expires_at ELSE %s END
+        WHERE id IN (SELECT value FROM json_each(%s))
+    """
+    _READ_LEASED = f"""
+        SELECT json_group_array(json_array({LEASED_COLUMNS})) FROM leasecast_message
+        WHERE id IN (SELECT value FROM json_each(%s))
+    """
+    # Rows in the array's order (``key`` is the index), so ids follow it.
+    _INSERT = f"""
+        INSERT INTO leasecast_message ({INSERT_COLUMNS})
+        SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),
+            json_extract(value, '$[2]'), json_extract(value, '$[3]'),
+            json_extract(value, '$[4]'), 0, json_extract(value, '$[5]'),
+            json_extract(value, '$[6]'), json_extract(value, '$[7]'),
+            json_extract(value, '$[8]')
+        FROM json_each(%s) ORDER BY key
+    """
+    _CURRENT_OF = """
+        SELECT json_group_array(json_array(id, lease_token, queue_id, "group"))
+        FROM leasecast_message WHERE id IN (SELECT value FROM json_each(%s))
+        AND state = 1 AND visible_at > %s AND (expires_at IS NULL OR expires_at > %s)
+    """
+    _DELETE_IDS = "DELETE FROM leasecast_message WHERE id IN (SELECT value FROM json_each(%s))"
 
-    def insert(self, rows: Sequence[tuple[Any, ...]]) -> Statement:
-        values = ",".join(["(?, ?, ?, ?, ?, 0, ?, ?, ?, ?)"] * len(rows))
-        sql = f"INSERT INTO leasecast_message ({INSERT_COLUMNS}) VALUES {values} RETURNING id"
-        return sql, [value for row in rows for value in row]
+    def lease(
+        self, run: Run, queue_id: int, n: int, now: float, lease_end: float, token: int
+    ) -> list[Sequence[Any]]:
+        # Pick, update, read back: three statements of one row each, instead
+        # of an UPDATE ... RETURNING of a row per message. BEGIN IMMEDIATE
+        # holds the write lock, so nothing changes between them.
+        (picked,) = run(self._PICK, (queue_id, n, queue_id, now, n, n)).fetchone()
+        if picked == "[]":
+            return []
+        run(self._LEASE_IDS, (token, lease_end, lease_end, picked))
+        (leased,) = run(self._READ_LEASED, (picked,)).fetchone()
+        rows: list[Sequence[Any]] = orjson.loads(leased)
+        return rows
 
-    def ack_many(self, pairs: Sequence[tuple[int, int]], now: float) -> Statement:
-        # The plain "id IN" lets SQLite use the primary key; the row values
-        # then check each lease token (it would scan otherwise).
-        sql = (
-            "DELETE FROM leasecast_message WHERE id IN ("
-            + ",".join(["?"] * len(pairs))
-            + ") AND state = 1 AND visible_at > ? AND (expires_at IS NULL OR expires_at > ?)"
-            " AND (id, lease_token) IN (VALUES "
-            + ",".join(["(?, ?)"] * len(pairs))
-            + ') RETURNING id, lease_token, queue_id, "group"'
-        )
-        params: list[Any] = [msg_id for msg_id, _ in pairs] + [now, now]
-        for pair in pairs:
-            params += pair
-        return sql, params
+    def insert(self, run: Run, rows: Sequence[tuple[Any, ...]]) -> list[int]:
+        cursor = run(self._INSERT, (orjson.dumps(rows).decode(),))
+        # The id column is AUTOINCREMENT: ids are never reused, and the rows of
+        # one statement take consecutive ids, in order, under the write lock.
+        # Counting them costs one row where RETURNING cost one per message.
+        last: int = cursor.lastrowid
+        first = last - len(rows) + 1
+        (found,) = run(
+            "SELECT COUNT(*) FROM leasecast_message WHERE id BETWEEN %s AND %s", (first, last)
+        ).fetchone()
+        if found != len(rows):
+            raise RuntimeError(f"inserted {len(rows)} rows, found {found} in ids {first}..{last}")
+        return list(range(first, last + 1))
+
+    def ack_many(
+        self, run: Run, pairs: Sequence[tuple[int, int]], now: float
+    ) -> list[Sequence[Any]]:
+        # The current leases among these ids, as one row; the lease tokens are
+        # compared here, then the acked ones deleted by id.
+        ids = orjson.dumps([msg_id for msg_id, _ in pairs]).decode()
+        (found,) = run(self._CURRENT_OF, (ids, now, now)).fetchone()
+        wanted = set(pairs)
+        current = [row for row in orjson.loads(found) if (row[0], row[1]) in wanted]
+        if current:
+            run(self._DELETE_IDS, (orjson.dumps([row[0] for row in current]).decode(),))
+        return current
+
+
+def check_sqlite(conn: Any) -> None:
+    """Refuse an SQLite library the store's statements cannot run on.
+
+    ``RETURNING`` needs 3.35; the hot statements need the JSON functions,
+    built in since 3.38 and compiled in by most builds before that.
+
+    Raises:
+        RuntimeError: saying what is missing.
+    """
+    version = conn.execute("SELECT sqlite_version()").fetchone()[0]
+    if tuple(int(part) for part in version.split(".")[:2]) < (3, 35):
+        raise RuntimeError(f"Leasecast needs SQLite 3.35 or later; this Python has {version}")
+    try:
+        conn.execute("SELECT json_group_array(value) FROM json_each('[1]')").fetchone()
+    except Exception as exc:
+        raise RuntimeError(
+            f"Leasecast needs SQLite's JSON functions (JSON1); SQLite {version} lacks them"
+        ) from exc
 
 
 # -- PostgreSQL --------------------------------------------------------------------
@@ -149,10 +231,14 @@ class _Postgres(Dialect):
         RETURNING m.id, m.body, m.deliveries, m."group", m.priority, m.visible_at
     """
 
-    def lease(self, queue_id: int, n: int, now: float, lease_end: float, token: int) -> Statement:
-        return self._LEASE, (queue_id, n, queue_id, now, n, n, token, lease_end, lease_end)
+    def lease(
+        self, run: Run, queue_id: int, n: int, now: float, lease_end: float, token: int
+    ) -> list[Sequence[Any]]:
+        params = (queue_id, n, queue_id, now, n, n, token, lease_end, lease_end)
+        rows: list[Sequence[Any]] = run(self._LEASE, params).fetchall()
+        return rows
 
-    def insert(self, rows: Sequence[tuple[Any, ...]]) -> Statement:
+    def insert(self, run: Run, rows: Sequence[tuple[Any, ...]]) -> list[int]:
         # One statement of arrays, whatever the row count: PostgreSQL plans it
         # once, where a VALUES list of thousands of parameters costs more to
         # parse than to run.
@@ -164,9 +250,13 @@ class _Postgres(Dialect):
             "%s::float8[], %s::text[], %s::smallint[], %s::float8[]"
             ") AS t(q, b, k, s, v, e, g, p, x) RETURNING id"
         )
-        return sql, columns
+        # Ids grow in insertion order, and RETURNING's row order is not
+        # promised: sorting restores the given order.
+        return sorted(row[0] for row in run(sql, columns).fetchall())
 
-    def ack_many(self, pairs: Sequence[tuple[int, int]], now: float) -> Statement:
+    def ack_many(
+        self, run: Run, pairs: Sequence[tuple[int, int]], now: float
+    ) -> list[Sequence[Any]]:
         ids = [msg_id for msg_id, _ in pairs]
         tokens = [token for _, token in pairs]
         sql = (
@@ -175,7 +265,8 @@ class _Postgres(Dialect):
             "AND (id, lease_token) IN (SELECT * FROM unnest(%s::bigint[], %s::bigint[])) "
             'RETURNING id, lease_token, queue_id, "group"'
         )
-        return sql, (ids, now, now, ids, tokens)
+        rows: list[Sequence[Any]] = run(sql, (ids, now, now, ids, tokens)).fetchall()
+        return rows
 
     def lock_groups(self, keys: Sequence[tuple[int, str]]) -> Statement | None:
         # Transaction-scoped advisory locks, taken in one global order (sorted

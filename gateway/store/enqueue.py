@@ -91,9 +91,7 @@ def insert(txn: Txn, rows: Sequence[tuple[QueueRow, EnqueueSpec]]) -> list[int]:
             )
             txn.woken.add(q.name)
             txn.count(q.id, "enqueued")
-        # Ids grow in insertion order, and RETURNING's row order is not
-        # promised by either database: sorting restores the given order.
-        ids += sorted(row[0] for row in txn.exec(*txn.dialect.insert(values)).fetchall())
+        ids += txn.dialect.insert(txn.exec, values)
     return ids
 
 

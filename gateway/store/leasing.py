@@ -107,8 +107,8 @@ def lease(txn: Txn, op: Lease) -> LeaseResult:
     wanted = op.n
     while wanted > 0:
         token = secrets.randbits(62)
-        rows = txn.exec(*txn.dialect.lease(q.id, wanted, now, now + timeout, token)).fetchall()
-        # RETURNING's order is not promised: restore delivery order.
+        rows = txn.dialect.lease(txn.exec, q.id, wanted, now, now + timeout, token)
+        # The rows' order is not promised: restore delivery order.
         rows.sort(key=lambda row: (-row[4], row[0]))
         dead: list[int] = []
         for msg_id, body, deliveries, group, priority, lease_end in rows:
@@ -229,9 +229,7 @@ def ack_plain(txn: Txn, ops: Sequence[Ack]) -> list[AckResult | StaleReceipt]:
     pairs = list(dict.fromkeys(wanted.values()))
     for start in range(0, len(pairs), _ACK_CHUNK):
         chunk = pairs[start : start + _ACK_CHUNK]
-        for msg_id, token, queue_id, group in txn.exec(
-            *txn.dialect.ack_many(chunk, txn.now)
-        ).fetchall():
+        for msg_id, token, queue_id, group in txn.dialect.ack_many(txn.exec, chunk, txn.now):
             deleted.add((msg_id, token))
             txn.unsettle(queue_id, group)
             txn.count(queue_id, "acked")

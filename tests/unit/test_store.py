@@ -304,3 +304,46 @@ def test_a_connection_closed_by_the_server_while_idle_is_replaced(
         killer.close()
     (result,) = store.run([Enqueue(queue, [EnqueueSpec(b'"after"')])])
     assert not isinstance(result, Exception), result
+
+
+def test_one_batch_of_enqueues_maps_each_id_to_its_own_message(store: Store, queue: str) -> None:
+    # Runs of plain enqueues share one INSERT whose ids are derived, not
+    # returned per row (gateway.store.dialects): each op must still get the
+    # ids of its own messages, in order, across queues and message counts.
+    other = queue + "x"
+    ops = [
+        Enqueue(queue, [msg("a1"), msg("a2")]),
+        Enqueue(other, [msg("b1")]),
+        Enqueue(queue, [msg("a3")]),
+        Enqueue(other, [msg("b2"), msg("b3"), msg("b4")]),
+    ]
+    results = store.run(ops)
+    ids = [[r.id for r in result] for result in results]
+    flat = [int(i) for group in ids for i in group]
+    assert flat == sorted(flat) and len(set(flat)) == 7
+    by_id = {d.id: d.body for d in lease(store, queue, 10).delivered}
+    by_id |= {d.id: d.body for d in lease(store, other, 10).delivered}
+    assert [[by_id[i] for i in group] for group in ids] == [
+        ['"a1"', '"a2"'],
+        ['"b1"'],
+        ['"a3"'],
+        ['"b2"', '"b3"', '"b4"'],
+    ]
+
+
+def test_a_run_of_acks_acks_current_receipts_only(store: Store, queue: str) -> None:
+    enqueue(store, queue, 1, 2, 3)
+    first, second, third = lease(store, queue).delivered
+    assert isinstance(one(store, Ack(first.receipt)), AckResult)
+    forged = f"{second.id}.{int(second.receipt.split('.')[1], 16) ^ 1:x}"  # right id, wrong token
+    results = store.run(
+        [Ack(first.receipt), Ack(forged), Ack(second.receipt), Ack(third.receipt), Ack("x")]
+    )
+    assert [type(r).__name__ for r in results] == [
+        "StaleReceipt",
+        "StaleReceipt",
+        "AckResult",
+        "AckResult",
+        "StaleReceipt",
+    ]
+    assert lease(store, queue).delivered == []
