@@ -3,21 +3,22 @@
 Statements the two share are written once, with ``%s`` placeholders, in the
 modules that use them; :meth:`Dialect.sql` adapts the placeholders. What
 differs lives here: how a transaction begins, the lease statement (DESIGN
-decision 2), bulk inserts and acks (arrays on PostgreSQL, VALUES lists on
+decision 2), bulk inserts and acks (arrays on PostgreSQL, a JSON array on
 SQLite), and the per-group lock that only PostgreSQL needs.
 
 The hot statements (:meth:`Dialect.lease`, :meth:`Dialect.insert`,
 :meth:`Dialect.ack_many`) are run by the dialect itself, through the ``run``
-it is given, because on SQLite *how many rows* a statement returns matters:
-Python's ``sqlite3`` releases the GIL around every step, one per row, and
-the store thread must win it back from the event loop after each. A lease,
-insert or ack of N messages that returned N rows (``RETURNING``) paid N such
-hand-offs; on SQLite each now returns at most one row (``json_group_array``),
-so a batch pays a few, whatever its size. PostgreSQL's driver fetches a whole
-result at once, so ``RETURNING`` stays there.
-
-The stored states are the integers of :class:`gateway.leases.StoredState`:
-0 READY, 1 LEASED, 2 DEAD, 3 DELAYED, 4 WAITING.
+it is given, because on SQLite their shape costs more than their work. A
+statement with a list of N placeholders is a new statement for every N,
+parsed and planned again, with N parameters bound one by one, and one that
+returns N rows (``RETURNING``) makes N steps, each of which releases the GIL
+and must win it back from the event loop. So on SQLite the insert and the
+ack take their list as one JSON parameter (their text never changes, and
+Python's statement cache keeps them planned) and return at most one row. The
+lease stays one atomic ``UPDATE ... RETURNING`` (DESIGN decision 2): split
+into pick, update and read back it measured no faster. PostgreSQL's driver
+fetches a whole result at once and plans arrays once, so ``RETURNING`` and
+``unnest`` stay there.
 """
 
 from __future__ import annotations
@@ -92,36 +93,7 @@ class _Sqlite(Dialect):
     begin = "BEGIN IMMEDIATE"
     placeholder = "?"
 
-    # The heads to lease, as one JSON array of ids.
-    _PICK = """
-        SELECT json_group_array(id) FROM (
-            SELECT id, priority FROM (
-                SELECT id, priority FROM leasecast_message
-                WHERE queue_id = %s AND state = 0 ORDER BY priority DESC, id LIMIT %s
-            )
-            UNION ALL
-            SELECT id, priority FROM (
-                SELECT id, priority FROM leasecast_message
-                WHERE queue_id = %s AND state IN (1, 3) AND visible_at <= %s
-                ORDER BY priority DESC, id LIMIT %s
-            )
-            ORDER BY priority DESC, id LIMIT %s
-        )
-    """
-
-    # The statements below take their lists as one JSON array parameter, so
-    # their text never changes: SQLite parses and plans each once (Python's
-    # statement cache), where a list of N placeholders was a new statement
-    # for every N, parsed and planned again, with N parameters bound one by one.
-    _LEASE_IDS = """
-        UPDATE leasecast_message SET state = 1, deliveries = deliveries + 1, lease_token = %s,
-            visible_at = CASE WHEN expires_at < %s THEN expires_at ELSE %s END
-        WHERE id IN (SELECT value FROM json_each(%s))
-    """
-    _READ_LEASED = f"""
-        SELECT json_group_array(json_array({LEASED_COLUMNS})) FROM leasecast_message
-        WHERE id IN (SELECT value FROM json_each(%s))
-    """
+    # These take their lists as one JSON array parameter (see the module's doc).
     # Rows in the array's order (``key`` is the index), so ids follow it.
     _INSERT = f"""
         INSERT INTO leasecast_message ({INSERT_COLUMNS})
@@ -139,18 +111,33 @@ class _Sqlite(Dialect):
     """
     _DELETE_IDS = "DELETE FROM leasecast_message WHERE id IN (SELECT value FROM json_each(%s))"
 
+    _LEASE = f"""
+        UPDATE leasecast_message
+        SET state = 1, deliveries = deliveries + 1, lease_token = %s,
+            visible_at = CASE WHEN expires_at < %s THEN expires_at ELSE %s END
+        WHERE id IN (
+            SELECT id FROM (
+                SELECT id, priority FROM (
+                    SELECT id, priority FROM leasecast_message
+                    WHERE queue_id = %s AND state = 0 ORDER BY priority DESC, id LIMIT %s
+                )
+                UNION ALL
+                SELECT id, priority FROM (
+                    SELECT id, priority FROM leasecast_message
+                    WHERE queue_id = %s AND state IN (1, 3) AND visible_at <= %s
+                    ORDER BY priority DESC, id LIMIT %s
+                )
+                ORDER BY priority DESC, id LIMIT %s
+            )
+        )
+        RETURNING {LEASED_COLUMNS}
+    """
+
     def lease(
         self, run: Run, queue_id: int, n: int, now: float, lease_end: float, token: int
     ) -> list[Sequence[Any]]:
-        # Pick, update, read back: three statements of one row each, instead
-        # of an UPDATE ... RETURNING of a row per message. BEGIN IMMEDIATE
-        # holds the write lock, so nothing changes between them.
-        (picked,) = run(self._PICK, (queue_id, n, queue_id, now, n, n)).fetchone()
-        if picked == "[]":
-            return []
-        run(self._LEASE_IDS, (token, lease_end, lease_end, picked))
-        (leased,) = run(self._READ_LEASED, (picked,)).fetchone()
-        rows: list[Sequence[Any]] = orjson.loads(leased)
+        params = (token, lease_end, lease_end, queue_id, n, queue_id, now, n, n)
+        rows: list[Sequence[Any]] = run(self._LEASE, params).fetchall()
         return rows
 
     def insert(self, run: Run, rows: Sequence[tuple[Any, ...]]) -> list[int]:

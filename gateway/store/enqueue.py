@@ -20,7 +20,7 @@ from gateway.store.txn import QueueRow, Txn
 
 __all__ = ["enqueue", "enqueue_plain", "is_plain_enqueue"]
 
-_INSERT_CHUNK = 500  # rows per INSERT statement: well under SQLite's variable limit
+_INSERT_CHUNK = 500  # rows per INSERT statement, which bounds its size
 
 
 def enqueue(txn: Txn, queue: str, specs: Sequence[EnqueueSpec]) -> list[EnqueueResult]:
