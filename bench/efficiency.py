@@ -35,6 +35,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -237,6 +238,15 @@ def summarise_raw(path: Path, top: int = 15) -> dict[str, Any]:
     }
 
 
+def py_spy() -> str:
+    """The py-spy beside this Python (the bench extra installs it there), else the PATH's."""
+    beside = Path(sys.executable).with_name("py-spy")
+    found = str(beside) if beside.exists() else shutil.which("py-spy")
+    if found is None:
+        raise SystemExit("--profile needs py-spy: install the bench extra (make bench)")
+    return found
+
+
 async def profiled(
     target: Target, out: Path, n: int, workers: int, prefetch: int, rate: int, gil: bool = False
 ) -> dict[str, Any]:
@@ -244,7 +254,7 @@ async def profiled(
     raw = out / f"{target.server}-{target.app}.txt"
     spy = subprocess.Popen(
         [
-            *("py-spy", "record", "--pid", str(target.pid), "--format", "raw"),
+            *(py_spy(), "record", "--pid", str(target.pid), "--format", "raw"),
             *("--rate", str(rate), "--nonblocking", "--output", str(raw)),
             *(["--gil"] if gil else []),
         ],

@@ -272,9 +272,12 @@ ClientFrame: TypeAlias = (
 # -- field readers -----------------------------------------------------------
 
 
+_NUMBER_TYPES = (int, float)
+
+
 def _is_number(value: object) -> bool:
     # JSON true/false decode to bool, a subclass of int: never a number here.
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, _NUMBER_TYPES) and not isinstance(value, bool)
 
 
 def read_number(obj: dict[str, Any], field: str, default: float | None = None) -> float:
@@ -411,7 +414,7 @@ def _read_timeout(obj: dict[str, Any]) -> float:
 def read_ref(obj: dict[str, Any]) -> Ref:
     """The frame's ``ref`` if it is a string or number, else None."""
     ref = obj.get("ref")
-    if isinstance(ref, str) or _is_number(ref):
+    if ref is None or isinstance(ref, str) or _is_number(ref):
         return ref  # type: ignore[no-any-return,unused-ignore]
     return None
 
@@ -419,7 +422,9 @@ def read_ref(obj: dict[str, Any]) -> Ref:
 # orjson turns integers outside 64 bits into floats without a word. A frame
 # with a long run of digits is decoded again by the exact stdlib parser, so
 # such a number is refused (``invalid``) instead of being silently changed.
-_LONG_DIGITS = re.compile(r"\d{19}")
+# JSON numbers are ASCII digits: [0-9] is exact here, and the search runs over
+# every frame at about two thirds of the cost of \d (Unicode digits).
+_LONG_DIGITS = re.compile(r"[0-9]{19}")
 
 
 def _reject_constant(name: str) -> None:
@@ -458,8 +463,8 @@ def parse_frame(obj: dict[str, Any], allowed: frozenset[str], limits: Limits) ->
         raise BadFrame("missing or non-string field 'op'")
     if op not in allowed:
         raise UnknownOp(f"op {op[:40]!r} is not known on this socket")
-    ref = read_ref(obj)
-    if ref is None and obj.get("ref") is not None:
+    ref = obj.get("ref")
+    if ref is not None and read_ref(obj) is None:
         raise BadFrame("field 'ref' must be a string or a number")
     if op == "enqueue":
         return EnqueueFrame(_read_queue(obj), parse_enqueue_spec(obj, limits), ref)
