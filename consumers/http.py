@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -42,6 +43,7 @@ from gateway.store import (
     Configure,
     DeleteMessage,
     Enqueue,
+    MessageCondition,
     Purge,
     Redrive,
     RequeueMessage,
@@ -261,6 +263,32 @@ def _query_int(request: HttpRequest, name: str, default: int | None) -> int | No
         raise Invalid(f"{name} must be an integer, got {raw[:40]!r}") from None
 
 
+def _condition(request: HttpRequest) -> MessageCondition | None:
+    """``if_state``, ``if_deliveries`` and ``if_visible_at`` of a per-message
+    action, or None if none is given."""
+    raw_state = request.GET.get("if_state")
+    state = next((s for s in _BROWSE_STATES if s == raw_state), None)
+    if raw_state is not None and state is None:
+        raise Invalid(
+            f"if_state must be one of {', '.join(_BROWSE_STATES)}, got {raw_state[:40]!r}"
+        )
+    deliveries = _query_int(request, "if_deliveries", None)
+    if deliveries is not None and not 0 <= deliveries < 2**31:
+        raise Invalid("if_deliveries must be a delivery count")
+    raw_at = request.GET.get("if_visible_at")
+    visible_at = None
+    if raw_at is not None:
+        try:
+            visible_at = float(raw_at)
+        except ValueError:
+            visible_at = math.nan
+        if not math.isfinite(visible_at):
+            raise Invalid(f"if_visible_at must be a number, got {raw_at[:40]!r}")
+    if state is None and deliveries is None and visible_at is None:
+        return None
+    return MessageCondition(state, deliveries, visible_at)
+
+
 async def _browse(request: HttpRequest, principal: Principal, queue: str) -> HttpResponse:
     """A page of messages in one state, without leasing them (scope admin or consume)."""
     if not principal.is_admin:
@@ -290,10 +318,12 @@ def _message_id(msg_id: str) -> int:
 async def message_requeue(
     request: HttpRequest, principal: Principal, queue: str, msg_id: str
 ) -> HttpResponse:
-    """Requeue one dead or in-flight message, its delivery count reset (scope ``admin``)."""
+    """Requeue one dead or in-flight message, its delivery count reset (scope ``admin``);
+    with ``if_*`` parameters, only if it is still as they say."""
     check_name(queue)
     principal.require("admin")
-    requeued = await current_runtime().engine.call(RequeueMessage(queue, _message_id(msg_id)))
+    op = RequeueMessage(queue, _message_id(msg_id), _condition(request))
+    requeued = await current_runtime().engine.call(op)
     await _audit(principal, queue, f"Requeued message {msg_id} (API): {requeued} changed.")
     return _json({"requeued": requeued})
 
@@ -302,11 +332,14 @@ async def message_requeue(
 async def message_detail(
     request: HttpRequest, principal: Principal, queue: str, msg_id: str
 ) -> HttpResponse:
-    """Delete one message in any state (scope ``admin``)."""
+    """Delete one message in any state (scope ``admin``); with ``if_*`` parameters,
+    only if it is still as they say."""
     check_name(queue)
     principal.require("admin")
-    deleted = await current_runtime().engine.call(DeleteMessage(queue, _message_id(msg_id)))
-    await _audit(principal, queue, f"Deleted message {msg_id} (API).")
+    op = DeleteMessage(queue, _message_id(msg_id), _condition(request))
+    deleted = await current_runtime().engine.call(op)
+    if deleted:
+        await _audit(principal, queue, f"Deleted message {msg_id} (API).")
     return _json({"deleted": deleted})
 
 

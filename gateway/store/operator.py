@@ -11,9 +11,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.errors import Invalid, NotFound
-from gateway.leases import StoredState
+from gateway.leases import StoredState, observed_state
 from gateway.store.leasing import expire, expire_ids
-from gateway.store.ops import BrowsedMessage, BrowsePage, BrowseState, QueueStats
+from gateway.store.ops import (
+    BrowsedMessage,
+    BrowsePage,
+    BrowseState,
+    MessageCondition,
+    QueueStats,
+)
 from gateway.store.txn import QueueRow, Txn
 
 __all__ = [
@@ -173,12 +179,18 @@ def requeue_ids(txn: Txn, ids: list[int], queue_id: int | None = None) -> int:
     return len(rows)
 
 
-def delete_message(txn: Txn, q: QueueRow, msg_id: int) -> int:
+def delete_message(
+    txn: Txn, q: QueueRow, msg_id: int, expect: MessageCondition | None = None
+) -> int:
     """Delete one message in any state; its group's next message may go.
+
+    Returns 0, changing nothing, if the message no longer matches ``expect``.
 
     Raises:
         NotFound: ``q`` has no message ``msg_id``.
     """
+    if expect is not None and not _matches(txn, q, msg_id, expect):
+        return 0
     row = txn.exec(
         'DELETE FROM leasecast_message WHERE id = %s AND queue_id = %s RETURNING "group"',
         (msg_id, q.id),
@@ -190,18 +202,48 @@ def delete_message(txn: Txn, q: QueueRow, msg_id: int) -> int:
     return 1
 
 
-def requeue_message(txn: Txn, q: QueueRow, msg_id: int) -> int:
-    """:func:`requeue_ids` for one message of ``q`` (0 if it was not dead or leased).
+def requeue_message(
+    txn: Txn, q: QueueRow, msg_id: int, expect: MessageCondition | None = None
+) -> int:
+    """:func:`requeue_ids` for one message of ``q`` (0 if it was not dead or leased,
+    or no longer matches ``expect``).
 
     Raises:
         NotFound: ``q`` has no message ``msg_id``.
     """
-    found = txn.exec(
-        "SELECT 1 FROM leasecast_message WHERE id = %s AND queue_id = %s", (msg_id, q.id)
-    ).fetchone()
-    if found is None:
-        raise NotFound(f"queue {q.name!r} has no message {msg_id}")
+    if expect is not None:
+        if not _matches(txn, q, msg_id, expect):
+            return 0
+    else:
+        found = txn.exec(
+            "SELECT 1 FROM leasecast_message WHERE id = %s AND queue_id = %s", (msg_id, q.id)
+        ).fetchone()
+        if found is None:
+            raise NotFound(f"queue {q.name!r} has no message {msg_id}")
     return requeue_ids(txn, [msg_id], q.id)
+
+
+def _matches(txn: Txn, q: QueueRow, msg_id: int, expect: MessageCondition) -> bool:
+    """Whether message ``msg_id`` of ``q`` is still as ``expect`` says (its ttl
+    applied first, as a listing applies it).
+
+    Raises:
+        NotFound: ``q`` has no message ``msg_id``.
+    """
+    expire_ids(txn, [msg_id])
+    row = txn.exec(
+        "SELECT state, visible_at, deliveries FROM leasecast_message "
+        "WHERE id = %s AND queue_id = %s",
+        (msg_id, q.id),
+    ).fetchone()
+    if row is None:
+        raise NotFound(f"queue {q.name!r} has no message {msg_id}")
+    state, visible_at, deliveries = StoredState(row[0]), float(row[1]), int(row[2])
+    return (
+        (expect.state is None or observed_state(state, visible_at, txn.now).value == expect.state)
+        and (expect.deliveries is None or deliveries == expect.deliveries)
+        and (expect.visible_at is None or visible_at == expect.visible_at)
+    )
 
 
 _BROWSE_COLUMNS = (
@@ -268,4 +310,5 @@ def _browsed(row: Any, state: BrowseState, now: float) -> BrowsedMessage:
         visible_in=round(float(visible_at) - now, 3) if timed else None,
         key=key,
         expires_in=None if exp is None else round(float(exp) - now, 3),
+        visible_at=float(visible_at),
     )

@@ -35,6 +35,7 @@ __all__ = [
     "Extend",
     "Lease",
     "LeaseResult",
+    "MessageCondition",
     "Nack",
     "Op",
     "Purge",
@@ -157,6 +158,9 @@ class BrowsedMessage:
     visible_in: float | None
     key: str | None
     expires_in: float | None
+    #: when it became or becomes visible (in flight: its lease's end), Unix
+    #: seconds; what a conditional requeue or delete names (MessageCondition)
+    visible_at: float
 
     def as_json(self) -> dict[str, Any]:
         """The wire form; ``body`` is the stored JSON, parsed."""
@@ -174,6 +178,7 @@ class BrowsedMessage:
             "visible_in": self.visible_in,
             "key": self.key,
             "expires_in": self.expires_in,
+            "visible_at": self.visible_at,
         }
 
 
@@ -314,19 +319,42 @@ class Browse(Returns[BrowsePage]):
 
 
 @dataclass(frozen=True, slots=True)
+class MessageCondition:
+    """What an operator's action expects of a message, as a listing showed it.
+
+    Each field that is not None must still hold, checked in the action's own
+    transaction; otherwise the action changes nothing. ``visible_at`` tells
+    one lease from the next (a lease's end), ``deliveries`` one dead-lettering
+    from a later one.
+    """
+
+    state: BrowseState | None = None
+    deliveries: int | None = None
+    visible_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RequeueMessage(Returns[int]):
-    """Make one dead or in-flight message visible again, delivery count reset (0 or 1)."""
+    """Make one dead or in-flight message visible again, delivery count reset (0 or 1).
+
+    With ``expect``, only if the message still matches it (else 0).
+    """
 
     queue: str
     id: int
+    expect: MessageCondition | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class DeleteMessage(Returns[int]):
-    """Delete one message in any state (1, or NotFound)."""
+    """Delete one message in any state (1, or NotFound).
+
+    With ``expect``, only if the message still matches it (else 0).
+    """
 
     queue: str
     id: int
+    expect: MessageCondition | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -271,9 +271,11 @@ def _apply_one(txn: Txn, op: Op) -> Result:
                 q = txn.queue(op.queue, create=False)
                 return operator.browse(txn, q, op.state, op.limit, op.after)
             case RequeueMessage():
-                return operator.requeue_message(txn, txn.queue(op.queue, create=False), op.id)
+                q = txn.queue(op.queue, create=False)
+                return operator.requeue_message(txn, q, op.id, op.expect)
             case DeleteMessage():
-                return operator.delete_message(txn, txn.queue(op.queue, create=False), op.id)
+                q = txn.queue(op.queue, create=False)
+                return operator.delete_message(txn, q, op.id, op.expect)
             case Stage():
                 return staging.stage(txn, op)
             case CommitTxn():

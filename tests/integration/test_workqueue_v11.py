@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 
@@ -338,6 +339,104 @@ async def test_requeue_an_in_flight_message_over_http_makes_its_lease_stale(
             assert await error_code(w1, {"op": "ack", "receipt": d["receipt"]}) == ("stale_receipt")
             await ack(holder, again)
     assert counts(await stats(gateway, admin_token, q)) == (0, 0, 0, 0)
+
+
+def _listed(m: dict[str, Any]) -> str:
+    """The ``if_*`` query of a per-message action on ``m`` as a listing showed it."""
+    return urlencode(
+        {"if_state": m["state"], "if_deliveries": m["deliveries"], "if_visible_at": m["visible_at"]}
+    )
+
+
+async def test_a_conditional_requeue_leaves_a_message_that_moved_since_it_was_listed(
+    gateway: GatewayProcess, admin_token: str
+) -> None:
+    # The race the dashboard's check alone could not close: the listed lease
+    # is requeued by another operator and the message leased again, with the
+    # same state and delivery count; only the lease's end tells them apart.
+    q = unique("cond")
+    async with await producer(gateway, admin_token) as p:
+        m = await enqueue(p, q, "m")
+    base = f"{gateway.http}/api/queues/{q}/messages/{m['id']}"
+    async with await worker(gateway, admin_token, q, prefetch=1, visibility_timeout=300) as w1:
+        (first,) = await w1.deliveries(1)
+        (listed,) = await browse_all(gateway, admin_token, q, "in_flight")
+        assert (listed["id"], listed["deliveries"]) == (first["id"], 1), listed
+        async with await worker(gateway, admin_token, q, prefetch=1, visibility_timeout=300) as w2:
+            await w2.quiet(0.2)
+            assert await ahttp("POST", f"{base}/requeue", admin_token) == (200, {"requeued": 1})
+            holder, again = await first_frame(w1, w2)
+            (now,) = await browse_all(gateway, admin_token, q, "in_flight")
+            assert (now["state"], now["deliveries"]) == (listed["state"], listed["deliveries"])
+            assert now["visible_at"] != listed["visible_at"]
+            for method, url, field in (
+                ("POST", f"{base}/requeue?{_listed(listed)}", "requeued"),
+                ("DELETE", f"{base}?{_listed(listed)}", "deleted"),
+                ("POST", f"{base}/requeue?if_state=dead", "requeued"),
+                ("DELETE", f"{base}?if_deliveries=2", "deleted"),
+            ):
+                assert await ahttp(method, url, admin_token) == (200, {field: 0}), (method, url)
+            # The new lease still holds: its ack lands.
+            await ack(holder, again)
+    assert counts(await stats(gateway, admin_token, q)) == (0, 0, 0, 0)
+
+
+async def test_a_conditional_requeue_and_delete_act_on_a_message_still_as_listed(
+    gateway: GatewayProcess, admin_token: str
+) -> None:
+    q = unique("cond")
+    async with await producer(gateway, admin_token) as p:
+        a = await enqueue(p, q, "a")
+        b = await enqueue(p, q, "b")
+    async with await worker(gateway, admin_token, q, prefetch=1) as w:
+        (d,) = await w.deliveries(1)
+        assert (await w.request({"op": "reject", "receipt": d["receipt"]}))["op"] == "rejected"
+        await w.deliveries(1)  # b, held
+        (dead,) = await browse_all(gateway, admin_token, q, "dead")
+        (held,) = await browse_all(gateway, admin_token, q, "in_flight")
+    assert (dead["id"], held["id"]) == (a["id"], b["id"])
+    base = f"{gateway.http}/api/queues/{q}/messages"
+    # The worker's socket closed: b is visible again, no longer as listed.
+    assert await ahttp("DELETE", f"{base}/{b['id']}?{_listed(held)}", admin_token) == (
+        200,
+        {"deleted": 0},
+    )
+    assert await ahttp("POST", f"{base}/{a['id']}/requeue?{_listed(dead)}", admin_token) == (
+        200,
+        {"requeued": 1},
+    )
+    (visible_b,) = [m for m in await browse_all(gateway, admin_token, q) if m["id"] == b["id"]]
+    assert await ahttp("DELETE", f"{base}/{b['id']}?{_listed(visible_b)}", admin_token) == (
+        200,
+        {"deleted": 1},
+    )
+    assert [m["id"] for m in await browse_all(gateway, admin_token, q)] == [a["id"]]
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "if_state=gone",
+        "if_state=",
+        "if_deliveries=one",
+        "if_deliveries=-1",
+        "if_visible_at=soon",
+        "if_visible_at=nan",
+        "if_visible_at=inf",
+    ],
+)
+async def test_a_bad_condition_is_invalid_and_changes_nothing(
+    gateway: GatewayProcess, admin_token: str, query: str
+) -> None:
+    q = unique("cond")
+    async with await producer(gateway, admin_token) as p:
+        m = await enqueue(p, q, "m")
+    base = f"{gateway.http}/api/queues/{q}/messages/{m['id']}"
+    for method, url in (("POST", f"{base}/requeue?{query}"), ("DELETE", f"{base}?{query}")):
+        status, body = await ahttp(method, url, admin_token)
+        assert (status, body["error"]) == (400, "invalid"), (method, url, body)
+        assert body["detail"], body
+    assert [x["id"] for x in await browse_all(gateway, admin_token, q)] == [m["id"]]
 
 
 async def test_delete_one_message_over_http_in_each_state(

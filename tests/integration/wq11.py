@@ -88,6 +88,7 @@ BROWSE_FIELDS = {
     "priority",
     "dead_reason",
     "visible_in",
+    "visible_at",
 }
 
 

@@ -475,26 +475,25 @@ async function messageAction(action, message) {
     ? `Requeue message ${message.id} of "${queue}" (its delivery count is reset)?`
     : `Delete message ${message.id} of "${queue}" for good?`;
   if (!window.confirm(what)) return;
-  // Act only on the message as the page showed it: if a worker or another
-  // operator moved it since (acked, leased again, requeued, deleted), say so
-  // and change nothing. The API's own answers cover what happens in between:
-  // 404 for a message gone, requeued 0 for one already visible.
-  const check = await api("GET", browseUrl(1000));
-  const now = check.ok ? check.body.messages.find((m) => m.id === message.id) : null;
-  if (!now || now.deliveries !== message.deliveries) {
-    notice(`Message ${message.id} is no longer ${message.state.replace("_", " ")} as listed: a worker or another operator moved it (acked, leased, requeued or deleted). Nothing was changed.`, "warn");
-    return loadMessages();
-  }
+  // Act only on the message as the page showed it: the store checks, in the
+  // action's own transaction, that it is still in the state shown, with the
+  // same delivery count and the same lease (visible_at), and otherwise changes
+  // nothing ({"requeued": 0} / {"deleted": 0}); 404 if it is gone.
+  const listed = new URLSearchParams({
+    if_state: message.state,
+    if_deliveries: String(message.deliveries),
+    if_visible_at: String(message.visible_at),
+  });
   const path = `${queuePath(queue)}/messages/${encodeURIComponent(message.id)}`;
   const { status, ok, body } = action === "requeue"
-    ? await api("POST", `${path}/requeue`)
-    : await api("DELETE", path);
+    ? await api("POST", `${path}/requeue?${listed}`)
+    : await api("DELETE", `${path}?${listed}`);
   if (status === 404) {
     notice(`Message ${message.id} is gone from ${queue} (acked or deleted meanwhile). Nothing was changed.`, "warn");
   } else if (!ok) {
     notice(`${action} of message ${message.id} failed: ${body.error}: ${body.detail}`, "bad");
-  } else if (action === "requeue" && body.requeued === 0) {
-    notice(`Message ${message.id} was already visible or delayed (requeued by someone else). Nothing was changed.`, "warn");
+  } else if ((action === "requeue" ? body.requeued : body.deleted) === 0) {
+    notice(`Message ${message.id} is no longer ${message.state.replace("_", " ")} as listed: a worker or another operator moved it (acked, leased, requeued or deleted). Nothing was changed.`, "warn");
   } else {
     notice(action === "requeue" ? `Requeued message ${message.id}: it is visible again.` : `Deleted message ${message.id}.`, "ok");
   }
