@@ -211,15 +211,9 @@ def requeue_message(
     Raises:
         NotFound: ``q`` has no message ``msg_id``.
     """
-    if expect is not None:
-        if not _matches(txn, q, msg_id, expect):
-            return 0
-    else:
-        found = txn.exec(
-            "SELECT 1 FROM leasecast_message WHERE id = %s AND queue_id = %s", (msg_id, q.id)
-        ).fetchone()
-        if found is None:
-            raise NotFound(f"queue {q.name!r} has no message {msg_id}")
+    # An empty condition holds for any message: it only checks that it exists.
+    if not _matches(txn, q, msg_id, expect or MessageCondition()):
+        return 0
     return requeue_ids(txn, [msg_id], q.id)
 
 
