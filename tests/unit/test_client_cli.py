@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from leasecast.cli import build_parser, main
 
+from tests.unit.test_client_subscriber import TopicGateway
 from tests.unit.test_client_worker import TOKEN, FakeGateway
 
 
@@ -193,7 +194,8 @@ async def test_consume_prints_and_acks_up_to_count(
     assert gateway.paths == ["/ws/queues/jobs/?prefetch=1"]
     args = ["--url", gateway.http, "--token", TOKEN, "consume", "secret"]
     assert await asyncio.to_thread(main, args) == 1
-    assert capsys.readouterr().err == "leasecast: forbidden: no secret\n"
+    # Connected, then refused: the gateway closes a forbidden queue's socket (4403).
+    assert capsys.readouterr().err.endswith("\nleasecast: forbidden: no secret\n")
 
 
 async def test_enqueue_with_group_priority_ttl_and_consume_shows_them(
@@ -247,3 +249,112 @@ async def test_bad_group_priority_or_ttl_exits_2_with_one_line(
     assert await asyncio.to_thread(main, args) == 2
     assert capsys.readouterr().err == f"leasecast: error: {message}\n"
     assert gateway.handshakes == 0  # refused before connecting
+
+
+# -- consume --reject / --hold, the connected line (issue 21.6, 21.9) -----------------
+
+
+async def test_consume_says_on_stderr_that_it_is_connected(
+    gateway: FakeGateway, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await gateway.put("jobs", 1)
+    args = ["--url", gateway.http, "--token", TOKEN, "consume", "jobs", "--count", "1"]
+    assert await asyncio.to_thread(main, args) == 0
+    captured = capsys.readouterr()
+    assert captured.err == (
+        f"leasecast: consuming jobs at {gateway.http} (prefetch 10, each message acked); "
+        "Ctrl-C stops\n"
+    )
+    assert json.loads(captured.out)["body"] == 1  # stdout stays JSON lines only
+
+
+async def test_consume_reject_dead_letters_each_message(
+    gateway: FakeGateway, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await gateway.put("jobs", {"n": 1}, {"n": 2})
+    args = ["--url", gateway.http, "--token", TOKEN, "consume", "jobs", "--count", "2"]
+    assert await asyncio.to_thread(main, [*args, "--reject"]) == 0
+    captured = capsys.readouterr()
+    assert [json.loads(line)["body"] for line in captured.out.splitlines()] == [{"n": 1}, {"n": 2}]
+    assert "each message rejected" in captured.err
+    assert gateway.dead == [{"n": 1}, {"n": 2}] and gateway.acked == []
+
+
+async def test_consume_hold_keeps_each_lease_before_acking_it(
+    gateway: FakeGateway, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await gateway.put("jobs", "slow")
+    args = ["--url", gateway.http, "--token", TOKEN, "consume", "jobs", "--count", "1"]
+    assert await asyncio.to_thread(main, [*args, "--hold", "0.2", "--prefetch", "1"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["body"] == "slow"
+    assert "each message held 0.2 s, then acked" in captured.err
+    assert gateway.acked == ["slow"]
+    # The lease outlasts the hold, so the ack after it is not stale.
+    assert gateway.paths == ["/ws/queues/jobs/?prefetch=1&visibility_timeout=60.2"]
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--hold", "0"], "--hold must be seconds > 0 and <= 3600, not '0'"),
+        (["--hold", "3601"], "--hold must be seconds > 0 and <= 3600, not '3601'"),
+        (["--hold", "later"], "--hold must be seconds > 0 and <= 3600, not 'later'"),
+        (["--hold", "nan"], "--hold must be seconds > 0 and <= 3600, not 'nan'"),
+        (["--hold", "1", "--reject"], "--hold and --reject do not go together"),
+    ],
+)
+async def test_bad_consume_options_exit_2_before_connecting(
+    option: list[str], message: str, gateway: FakeGateway, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["--url", gateway.http, "--token", TOKEN, "consume", "jobs", *option]
+    assert await asyncio.to_thread(main, args) == 2
+    assert capsys.readouterr().err == f"leasecast: error: {message}\n"
+    assert gateway.handshakes == 0
+
+
+# -- subscribe --since/--epoch/--after ---------------------------------------------------
+
+
+async def test_subscribe_resumes_from_since_and_epoch(capsys: pytest.CaptureFixture[str]) -> None:
+    async with TopicGateway(history=100) as gateway:
+        await gateway.publish("prices", *range(5))  # offsets 1..5
+        base = ["--url", gateway.http, "--token", TOKEN, "subscribe", "prices", "--count", "2"]
+        assert await asyncio.to_thread(main, [*base, "--since", "2", "--epoch", "e1"]) == 0
+        captured = capsys.readouterr()
+        lines = [json.loads(line) for line in captured.out.splitlines()]
+        assert [(m["body"], m["offset"], m["epoch"]) for m in lines] == [(2, 3, "e1"), (3, 4, "e1")]
+        assert "since=2&epoch=e1" in gateway.paths[-1]
+        assert captured.err.startswith(f"leasecast: subscribed to prices at {gateway.http}")
+
+        # --after takes a line publish or subscribe printed: the same position.
+        after = json.dumps(lines[0])
+        assert await asyncio.to_thread(main, [*base, "--after", after]) == 0
+        again = [json.loads(line)["offset"] for line in capsys.readouterr().out.splitlines()]
+        assert again == [4, 5]
+        assert "since=3&epoch=e1" in gateway.paths[-1]
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--since", "3"], "--since needs --epoch (the epoch the offset belongs to)"),
+        (["--epoch", "e1"], "--epoch needs --since"),
+        (["--since", "-1", "--epoch", "e1"], "--since must be an integer 0..2^63-1, not '-1'"),
+        (["--since", "x", "--epoch", "e1"], "--since must be an integer 0..2^63-1, not 'x'"),
+        (["--since", "1", "--epoch", ""], "--epoch must be 1-64 characters (it has 0)"),
+        (["--after", "{oops"], "--after must be a line that publish or subscribe printed"),
+        (["--after", '{"seq": 1}'], "--after: that line has no offset and epoch"),
+        (
+            ["--after", '{"offset": 1, "epoch": "e"}', "--since", "1"],
+            "--after or --since, not both",
+        ),
+    ],
+)
+async def test_bad_resume_options_exit_2_before_connecting(
+    option: list[str], message: str, gateway: FakeGateway, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["--url", gateway.http, "--token", TOKEN, "subscribe", "prices", *option]
+    assert await asyncio.to_thread(main, args) == 2
+    assert capsys.readouterr().err == f"leasecast: error: {message}\n"
+    assert gateway.handshakes == 0

@@ -7,9 +7,16 @@
     leasecast enqueue orders '{"step": 2}' --group order-7 --priority 5 --ttl 3600
     seq 3 | leasecast enqueue emails -          # one JSON body per line of stdin
     leasecast consume emails --count 10         # print each delivery as JSON, ack it
+    leasecast consume emails --hold 60          # hold each lease a minute (kill it meanwhile)
+    leasecast consume emails --reject           # dead-letter each delivery instead
     leasecast stats emails
     leasecast publish prices '{"EURUSD": 1.09}'
     leasecast subscribe prices --count 5
+    leasecast subscribe prices --since 42 --epoch 3f1c...   # resume after offset 42
+    leasecast subscribe prices --after "$LINE"  # resume after a line publish/subscribe printed
+
+Long-running commands say on stderr when they are connected; stdout carries
+JSON lines only.
 
 Exit codes: 0 done, 1 the gateway refused or could not be reached (the error
 is printed), 2 bad usage (missing token, a body that is not JSON, ...).
@@ -40,9 +47,11 @@ __all__ = [
     "UsageError",
     "build_parser",
     "enqueue_options",
+    "hold_seconds",
     "main",
     "parse_bodies",
     "positive_int",
+    "resume_position",
 ]
 
 # The protocol's limits (docs/protocol.md, Work queue 1.1), checked before
@@ -51,6 +60,12 @@ __all__ = [
 MAX_GROUP_LENGTH = 200
 MAX_PRIORITY = 100
 MAX_TTL = 31_536_000.0
+MAX_OFFSET = 2**63 - 1
+MAX_EPOCH_LENGTH = 64
+#: ``consume --hold``: at most an hour, and the lease asked for outlasts the
+#: hold by HOLD_MARGIN seconds, so the ack after it is never stale.
+MAX_HOLD = 3600.0
+HOLD_MARGIN = 60.0
 
 _DESCRIPTION = "Enqueue, consume, publish, subscribe and inspect Leasecast from a shell."
 
@@ -106,6 +121,18 @@ def build_parser() -> argparse.ArgumentParser:
     consume.add_argument("queue")
     consume.add_argument("--prefetch", type=positive_int, default=10)
     consume.add_argument("--count", type=positive_int, help="stop after this many messages")
+    # Read as text and checked by consume_options(), like enqueue's options.
+    consume.add_argument(
+        "--hold",
+        metavar="SECONDS",
+        help=f"keep each lease this long before acking (up to {MAX_HOLD:.0f}); "
+        "kill the worker meanwhile and the gateway gives the message to the next one",
+    )
+    consume.add_argument(
+        "--reject",
+        action="store_true",
+        help="reject each delivery instead of acking it: it is dead-lettered",
+    )
 
     publish = commands.add_parser("publish", help="publish messages to a topic")
     publish.add_argument("topic")
@@ -117,6 +144,15 @@ def build_parser() -> argparse.ArgumentParser:
     subscribe.add_argument("--capacity", type=positive_int, default=1024)
     subscribe.add_argument(
         "--on-full", default="drop_oldest", choices=["drop_oldest", "drop_newest", "block"]
+    )
+    subscribe.add_argument(
+        "--since", metavar="OFFSET", help="resume after this offset (needs --epoch)"
+    )
+    subscribe.add_argument("--epoch", help="the epoch --since belongs to")
+    subscribe.add_argument(
+        "--after",
+        metavar="LINE",
+        help="resume after a JSON line that publish or subscribe printed (its offset and epoch)",
     )
 
     stats = commands.add_parser("stats", help="queue counts (all queues need an admin token)")
@@ -182,6 +218,67 @@ def enqueue_options(
     return group, number, seconds
 
 
+def hold_seconds(hold: str | None, reject: bool) -> float | None:
+    """Check ``consume --hold`` (and that it is not given with ``--reject``).
+
+    Returns:
+        The seconds to hold each lease, or None.
+
+    Raises:
+        UsageError: out of range, not a number, or given with ``--reject``.
+    """
+    if hold is None:
+        return None
+    if reject:
+        raise UsageError("--hold and --reject do not go together")
+    seconds = _parse(float, hold)
+    if not 0 < seconds <= MAX_HOLD:  # also refuses nan and inf
+        raise UsageError(f"--hold must be seconds > 0 and <= {MAX_HOLD:.0f}, not {hold!r}")
+    return float(seconds)
+
+
+def resume_position(
+    since: str | None, epoch: str | None, after: str | None
+) -> tuple[int | None, str | None]:
+    """Check ``subscribe --since/--epoch/--after`` as the gateway would.
+
+    Args:
+        since: the last offset seen, as typed.
+        epoch: the epoch it belongs to.
+        after: a JSON line ``publish`` or ``subscribe`` printed, carrying both.
+
+    Returns:
+        ``(since, epoch)`` for :class:`~leasecast.subscriber.Subscriber`
+        (``(None, None)``: start from the live stream).
+
+    Raises:
+        UsageError: one without the other, both forms at once, or a value the
+            gateway would refuse.
+    """
+    if after is not None:
+        if since is not None or epoch is not None:
+            raise UsageError("--after or --since, not both")
+        try:
+            line = json.loads(after)
+        except json.JSONDecodeError:
+            raise UsageError("--after must be a line that publish or subscribe printed") from None
+        if not isinstance(line, dict) or line.get("offset") is None or not line.get("epoch"):
+            raise UsageError("--after: that line has no offset and epoch")
+        since, epoch = str(line["offset"]), str(line["epoch"])
+    if since is None and epoch is None:
+        return None, None
+    if epoch is None:
+        raise UsageError("--since needs --epoch (the epoch the offset belongs to)")
+    if since is None:
+        raise UsageError("--epoch needs --since")
+    offset = _parse(int, since)
+    if not 0 <= offset <= MAX_OFFSET:  # nan compares false: refused too
+        raise UsageError(f"--since must be an integer 0..2^63-1, not {since!r}")
+    if not 1 <= len(epoch) <= MAX_EPOCH_LENGTH:
+        raise UsageError(f"--epoch must be 1-{MAX_EPOCH_LENGTH} characters (it has {len(epoch)})")
+    return int(offset), epoch
+
+
 def _parse(kind: type[int] | type[float], text: str) -> Any:
     """``kind(text)``, or a value out of every range (nan) if it is not one."""
     try:
@@ -211,8 +308,21 @@ async def _enqueue(ns: argparse.Namespace) -> None:
 
 
 async def _consume(ns: argparse.Namespace) -> None:
+    hold = hold_seconds(ns.hold, ns.reject)
     done = 0
-    async with Worker(ns.url, ns.queue, token=ns.token, prefetch=ns.prefetch) as worker:
+    # A held lease must outlast the hold; otherwise the queue's own timeout.
+    timeout = None if hold is None else hold + HOLD_MARGIN
+    worker = Worker(
+        ns.url, ns.queue, token=ns.token, prefetch=ns.prefetch, visibility_timeout=timeout
+    )
+    async with worker:
+        if ns.reject:
+            ending = "each message rejected (dead-lettered)"
+        elif hold is not None:
+            ending = f"each message held {hold:g} s, then acked"
+        else:
+            ending = "each message acked"
+        _connected(f"consuming {ns.queue} at {ns.url} (prefetch {ns.prefetch}, {ending})")
         async for delivery in worker:
             line = {
                 "queue": delivery.queue,
@@ -228,7 +338,12 @@ async def _consume(ns: argparse.Namespace) -> None:
             # Printed (and flushed) before the ack: if the ack is lost, the
             # message comes again, which is at-least-once, never at-most-once.
             print(json.dumps(line), flush=True)
-            await delivery.ack()
+            if ns.reject:
+                await delivery.reject()
+            else:
+                if hold is not None:
+                    await asyncio.sleep(hold)
+                await delivery.ack()
             done += 1
             if ns.count is not None and done >= ns.count:
                 return
@@ -246,16 +361,33 @@ async def _publish(ns: argparse.Namespace) -> None:
             print(json.dumps(line))
 
 
+def _connected(what: str) -> None:
+    """Say on stderr that a long-running command is connected (stdout stays JSON lines)."""
+    print(f"leasecast: {what}; Ctrl-C stops", file=sys.stderr, flush=True)
+
+
 async def _subscribe(ns: argparse.Namespace) -> None:
+    since, epoch = resume_position(ns.since, ns.epoch, ns.after)
     done = 0
     subscriber = Subscriber(
-        ns.url, ns.topic, token=ns.token, capacity=ns.capacity, on_full=ns.on_full
+        ns.url,
+        ns.topic,
+        token=ns.token,
+        capacity=ns.capacity,
+        on_full=ns.on_full,
+        since=since,
+        epoch=epoch,
     )
     async with subscriber:
+        where = "" if since is None else f", resuming after offset {since} of epoch {epoch}"
+        _connected(f"subscribed to {ns.topic} at {ns.url}{where}")
         async for message in subscriber:
             line = {"seq": message.seq, "body": message.body, "dropped": subscriber.dropped}
             if message.offset is not None:
+                # With the epoch, the line is a position to resume from (--after).
                 line["offset"] = message.offset
+                if subscriber.subscribed is not None:
+                    line["epoch"] = subscriber.subscribed.epoch
             print(json.dumps(line), flush=True)
             done += 1
             if ns.count is not None and done >= ns.count:
