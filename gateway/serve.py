@@ -9,6 +9,10 @@ command line cannot give:
   TCP connection without a close frame, and it refuses 1009 as a close code
   from the application, so only the transport can send it.
 
+Under both servers an HTTP request body over ``GATEWAY_MAX_REQUEST_BYTES``
+is answered 413 as it arrives, before the application sees the request
+(gateway/server_limits.py).
+
 Any daphne option may follow, e.g. ``python -m gateway.serve -b 0.0.0.0 -p 8000``.
 
 On SIGTERM the process drains instead of dropping everything: it stops
@@ -186,6 +190,24 @@ def _close_with_1001_on_shutdown() -> None:
     Server.shutdown = shutdown  # type: ignore[method-assign]
 
 
+def _limit_uvicorn_requests() -> None:
+    """uvicorn's loaded application refuses request bodies over
+    ``GATEWAY_MAX_REQUEST_BYTES`` (gateway.server_limits), whatever the
+    application the command line names."""
+    from uvicorn.config import Config
+
+    from gateway.server_limits import BodyLimit, max_request_bytes
+
+    limit = max_request_bytes()
+    original = Config.load
+
+    def load(self: Config) -> None:
+        original(self)
+        self.loaded_app = BodyLimit(self.loaded_app, limit)
+
+    Config.load = load  # type: ignore[method-assign]
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run daphne (or ``--server uvicorn``) with Leasecast's defaults."""
     server, args = split_server(sys.argv[1:] if argv is None else argv)
@@ -198,15 +220,20 @@ def main(argv: list[str] | None = None) -> None:
                 "(pip install 'uvicorn>=0.52.1', or the dev extra)"
             ) from None
         _close_with_1001_on_shutdown()
+        _limit_uvicorn_requests()
         uvicorn_main.main(args=uvicorn_args(args), prog_name="python -m gateway.serve")
         return
     from daphne import server as daphne_server
     from daphne.cli import CommandLineInterface
 
+    from gateway.server_limits import daphne_http_factory, max_request_bytes
     from gateway.shutdown import DrainingServer
     from gateway.transport import with_transport_flow
 
     daphne_server.WebSocketFactory = _closing_websocket_factory()
+    # Request bodies over GATEWAY_MAX_REQUEST_BYTES are refused as they
+    # arrive, before the application (gateway.server_limits).
+    daphne_server.HTTPFactory = daphne_http_factory(daphne_server.HTTPFactory, max_request_bytes())
     cli = CommandLineInterface()
     # Each WebSocket's transport tells its socket when its write buffer is
     # full (gateway.transport, DESIGN decision 14).
