@@ -19,7 +19,11 @@ Either way :meth:`Broadcaster.deliver` is the one place messages enter the
 dispatcher, and ``dispatched[topic]`` is the last offset it has taken: a
 subscriber resuming from an older offset is replayed from the history up to
 exactly that offset, then attached to the live stream in the same step, so
-the seam has no gap and no duplicate.
+the seam has no gap and no duplicate. ``complete[topic]`` trails it: the last
+offset every local buffer has taken (a full ``block`` buffer included, after
+waiting for room) or dropped by its policy. A publish is confirmed only once
+its offset is complete, whoever dispatched it: the publisher itself or the
+stream reader, which often reads a publish back before its append answers.
 
 ``block`` (protocol: Broadcast topics): a message that meets a full ``block``
 buffer waits for room, up to ``GATEWAY_BLOCK_WAIT`` seconds; a socket still
@@ -139,7 +143,12 @@ class _Followed:
     """
 
     epoch: str
+    #: offered to every local buffer but the full ``block`` ones (the resume seam)
     dispatched: int
+    #: taken by every local buffer, the full ``block`` ones too (publishes
+    #: up to here are confirmed); equals ``dispatched`` unless a message waits
+    #: for room. Starts at ``dispatched``.
+    complete: int = -1
     #: publishes made here waiting for their offset to be dispatched here
     waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
     #: entries received out of order, waiting for the offsets before them
@@ -152,6 +161,25 @@ class _Followed:
     appending: int = 0
     _moved: asyncio.Event | None = None
     _drained: asyncio.Event | None = None
+
+    def __post_init__(self) -> None:
+        if self.complete < 0:
+            self.complete = self.dispatched
+
+    def completed(self, offset: int) -> None:
+        """Every local buffer took (or dropped) the messages up to ``offset``:
+        the publishes waiting for them are done."""
+        self.complete = max(self.complete, offset)
+        if not self.waiters:
+            return
+        still = []
+        for waited, done in self.waiters:
+            if waited <= self.complete:
+                if not done.done():
+                    done.set_result(None)
+            else:
+                still.append((waited, done))
+        self.waiters = still
 
     def notify_moved(self) -> None:
         """``dispatched`` moved (resuming subscribers wait for it)."""
@@ -444,6 +472,7 @@ class Broadcaster:
         assert not outcome.blocked
         _count_drops(topic, outcome)
         followed.dispatched = entry.offset
+        followed.completed(entry.offset)
         followed.notify_moved()
         self._work.set()
         return Published(epoch, entry.offset)
@@ -535,10 +564,13 @@ class Broadcaster:
         if followed.epoch != head.epoch:
             self.restart_topic(topic)
             return
-        if followed.dispatched >= head.offset:
+        if followed.complete >= head.offset:
             if followed.gone_to > followed.dispatched:
                 await self.deliver(topic, [])  # losses held back for this append
             return
+        # Not ``dispatched``: the stream reader may have dispatched these
+        # offsets already and be waiting for room in a full block buffer for
+        # one of them; the publish is confirmed when that room is found.
         first = head.offset - len(bodies) + 1
         now = time.time()
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -546,8 +578,9 @@ class Broadcaster:
         await self.deliver(topic, [Entry(first + i, b, now) for i, b in enumerate(bodies)])
         if not done.done():
             # Waiting for offsets before ours, from another process, to be
-            # read; or for the reader stuck behind a full block subscriber
-            # (up to the block wait). The messages are in the stream either way.
+            # read; or for a full block subscriber to make room (up to the
+            # block wait, then it is closed). The messages are in the stream
+            # either way.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(done), self.block_wait + 5.0)
 
@@ -578,15 +611,6 @@ class Broadcaster:
             followed.notify_drained()
         self._work.set()
         followed.notify_moved()
-        if followed.waiters:
-            still = []
-            for offset, done in followed.waiters:
-                if offset <= followed.dispatched:
-                    if not done.done():
-                        done.set_result(None)
-                else:
-                    still.append((offset, done))
-            followed.waiters = still
 
     async def deliver_read(self, topic: str, entries: list[Entry], gone_to: int) -> None:
         """What the stream reader read (see :meth:`deliver`).
@@ -615,6 +639,7 @@ class Broadcaster:
                 stop = min(stop, followed.gone_to + 1)
                 followed.dispatched = stop - 1
                 self.lose(topic, stop - offset)
+                followed.completed(followed.dispatched)
                 continue
             payload = encode_entry(entry.offset, entry.body)
             outcome = self.dispatcher.publish(topic, payload)
@@ -628,6 +653,8 @@ class Broadcaster:
                 await self._wait_for_room(outcome.blocked, payload)
                 if self.followed.get(topic) is not followed:
                     return  # restarted or unfollowed while waiting
+            # Taken everywhere now (or its blocked takers closed): confirmed.
+            followed.completed(entry.offset)
 
     def lose(self, topic: str, n: int) -> None:
         """``n`` messages of ``topic`` never reached this process's buffers."""

@@ -4,6 +4,11 @@ A producer that sends many PUBLISH frames without waiting for the replies
 must have every one accepted, in order, whether the gateway is one process or
 several on one Redis; a subscriber on another process hears them all, in
 order. And a gateway writes each log record once.
+
+A publish is confirmed only once every buffer on the process has taken it
+(docs/protocol.md, Broadcast topics): pipelined publishes meeting a full
+``block`` subscriber are held until credit makes room, with or without Redis
+(issue 21.10: with Redis, the stream reader used to let the third through).
 """
 
 from __future__ import annotations
@@ -17,7 +22,6 @@ from typing import Any
 
 import pytest
 from websockets.asyncio.client import connect
-from websockets.exceptions import InvalidStatus
 from websockets.typing import Origin
 
 from tests.databases import sqlite_database
@@ -62,6 +66,13 @@ def embedded() -> Iterator[tuple[GatewayProcess, str]]:
             yield gw, gw.issue_token("admin", name="embedded")
         finally:
             gw.stop()
+
+
+@pytest.fixture(params=["embedded", "lone"])
+def one_process(request: pytest.FixtureRequest) -> tuple[GatewayProcess, str]:
+    """One gateway process, without Redis (``embedded``) and with it (``lone``)."""
+    gw: tuple[GatewayProcess, str] = request.getfixturevalue(request.param)
+    return gw
 
 
 async def subscriber(gw: GatewayProcess, token: str, topic: str) -> Socket:
@@ -169,9 +180,10 @@ async def test_a_gateway_writes_each_log_record_once(
     """One refused socket, one warning: the line appears once in the process's output."""
     gw, _ = embedded
     origin = f"http://{unique('evil')}.example"
-    with pytest.raises(InvalidStatus):
-        async with connect(f"{gw.ws}/ws/produce/", origin=Origin(origin)):
-            pass
+    # A browser's socket (an Origin) without a token: accepted, told, closed 4401.
+    async with connect(f"{gw.ws}/ws/produce/", origin=Origin(origin)) as refused:
+        await refused.wait_closed()
+    assert refused.close_code == 4401
     needle = f"origin {origin!r}"
     deadline = asyncio.get_running_loop().time() + 10
     while needle not in gw.log_text():
@@ -180,3 +192,57 @@ async def test_a_gateway_writes_each_log_record_once(
     await asyncio.sleep(0.5)  # a second copy, if any, would be written by now
     lines = [line for line in gw.log_text().splitlines() if needle in line]
     assert len(lines) == 1, lines
+
+
+async def block_subscriber(gw: GatewayProcess, token: str, topic: str) -> Socket:
+    """A ``block`` subscriber with room for two messages and no credit."""
+    return await Socket.open(f"{gw.ws}/ws/topics/{topic}/?capacity=2&credit=0&on_full=block", token)
+
+
+async def send_three(p: Socket, topic: str) -> None:
+    """Three publishes back to back (``ref`` and body 0..2); the first two are confirmed."""
+    for i in range(3):
+        await p.send({"op": "publish", "topic": topic, "body": {"i": i}, "ref": i})
+    first = [await p.next() for _ in range(2)]
+    assert [(r["op"], r["ref"]) for r in first] == [("published", 0), ("published", 1)], first
+
+
+async def test_a_pipelined_publish_waits_for_a_full_block_subscriber(
+    one_process: tuple[GatewayProcess, str],
+) -> None:
+    """The third publish meets the full buffer: its reply waits for the credit that makes room."""
+    gw, token = one_process
+    topic = unique("blk")
+    async with (
+        await block_subscriber(gw, token, topic) as s,
+        await Socket.open(f"{gw.ws}/ws/produce/", token) as p,
+    ):
+        await send_three(p, topic)
+        await p.quiet(0.5)  # no credit, no room: the third is not confirmed
+        await s.send({"op": "credit", "n": 2})
+        items, dropped = await collect(s, 2)
+        assert [it["body"]["i"] for it in items] == [0, 1] and dropped == 0
+        reply = await p.next()
+        assert (reply["op"], reply["ref"]) == ("published", 2), reply
+        await s.send({"op": "credit", "n": 1})
+        items, dropped = await collect(s, 1)
+        assert [it["body"]["i"] for it in items] == [2] and dropped == 0
+        await s.quiet(0.3)
+
+
+async def test_the_reply_comes_after_the_frames_that_made_room(
+    one_process: tuple[GatewayProcess, str],
+) -> None:
+    """On the subscriber's own socket, one ordered stream: the reply follows the frame
+    whose sending made room for the third message."""
+    gw, token = one_process
+    topic = unique("blk")
+    async with await block_subscriber(gw, token, topic) as s:
+        await send_three(s, topic)
+        await s.quiet(0.5)  # neither a reply nor messages without credit
+        await s.send({"op": "credit", "n": 2})
+        sent, reply = await s.next(), await s.next()
+        assert sent["op"] == "messages", sent
+        assert [it["body"]["i"] for it in sent["items"]] == [0, 1]
+        assert (reply["op"], reply["ref"]) == ("published", 2), reply
+        await s.quiet(0.3)  # the third is buffered, waiting for credit
