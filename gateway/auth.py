@@ -21,6 +21,15 @@ socket. So it must come from an allowed origin (:func:`origin_allowed`):
 otherwise any site a staff user visits could drive the gateway as them
 (cross-site WebSocket hijacking). Sockets with a token need no Origin: the
 token is the proof, and non-browser clients send no Origin at all.
+
+A socket that is refused for who it is (no token, a token that is unknown,
+revoked, expired or forged, no staff session) is refused in one of two ways
+(protocol 1.2, "General"). A program's handshake (no ``Origin``) gets HTTP
+403. A browser's (an ``Origin`` header) is accepted, told
+``{"op": "error", "code": "unauthorized"}`` and closed with 4401, because a
+browser shows a page a refused handshake as a bare close 1006, the same as a
+network failure, and its client would retry forever
+(:func:`refuse_unauthorized`).
 """
 
 from __future__ import annotations
@@ -39,10 +48,12 @@ from django.http.request import split_domain_port, validate_host
 from gateway.conf import gateway_settings
 from gateway.errors import Unauthorized
 from gateway.models import Token, hash_token
+from gateway.protocol import encode_error
 from gateway.scopes import Principal
 from gateway.tokens import is_signed_token, principal_for_claims, verify_signed_token
 
 __all__ = [
+    "CLOSE_UNAUTHORIZED",
     "PRINCIPAL_KEY",
     "RevocationWatch",
     "TokenAuthMiddleware",
@@ -52,6 +63,7 @@ __all__ = [
     "principal_for_signed",
     "principal_for_token",
     "principal_for_user",
+    "refuse_unauthorized",
     "token_from_headers",
 ]
 
@@ -59,6 +71,18 @@ log = logging.getLogger("leasecast.auth")
 
 #: Where the middleware leaves the caller in the ASGI scope.
 PRINCIPAL_KEY = "leasecast.principal"
+
+#: Close code of a socket whose caller is not (or no longer) recognised: a
+#: refused token, an expired or revoked one, a session that ended.
+CLOSE_UNAUTHORIZED = 4401
+
+#: What a refused browser socket is told: never the token, nor which check failed.
+NO_TOKEN = (
+    "no token: send one (Authorization: Bearer TOKEN, or ?token=), "
+    "or open the socket from an allowed origin while logged in as staff"
+)
+BAD_TOKEN = "the token is unknown, revoked, expired or not signed with this gateway's key"
+NO_SESSION = "no token, and no staff session: log in, or send a token"
 
 _cache: dict[str, tuple[float, Principal | None]] = {}
 
@@ -176,6 +200,47 @@ def _token_in_scope(scope: dict[str, Any]) -> str | None:
     return secret
 
 
+async def refuse_unauthorized(receive: Any, send: Any, detail: str) -> None:
+    """Refuse a browser's socket so that its page can tell why (an ASGI app's body).
+
+    Accepts the handshake, sends one ``unauthorized`` error frame and closes
+    with :data:`CLOSE_UNAUTHORIZED`, then waits for the disconnect, ignoring
+    whatever the client sends meanwhile: no consumer runs, nothing is read
+    from the database.
+    """
+    message = await receive()
+    if message["type"] != "websocket.connect":
+        return
+    await send({"type": "websocket.accept"})
+    await send({"type": "websocket.send", "text": encode_error("unauthorized", detail)})
+    await send({"type": "websocket.close", "code": CLOSE_UNAUTHORIZED})
+    while message["type"] != "websocket.disconnect":
+        message = await receive()
+
+
+def _from_browser(scope: dict[str, Any]) -> bool:
+    """Did a browser open this socket? Every browser sends ``Origin``; programs do not."""
+    return bool(_header(scope.get("headers", ()), b"origin"))
+
+
+async def _admit(
+    inner: Any,
+    scope: dict[str, Any],
+    receive: Any,
+    send: Any,
+    principal: Principal | None,
+    refusal: str,
+) -> Any:
+    """Run the socket as ``principal``; refuse a browser's without one as it can see (4401).
+
+    A program's socket without a principal goes on to its consumer, which
+    refuses the handshake (HTTP 403, as before protocol 1.2).
+    """
+    if principal is None and _from_browser(scope):
+        return await refuse_unauthorized(receive, send, refusal)
+    return await inner({**scope, PRINCIPAL_KEY: principal}, receive, send)
+
+
 class _SessionPrincipal:
     """Inside Channels' session stack: the principal of a logged-in staff user."""
 
@@ -185,7 +250,7 @@ class _SessionPrincipal:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
         user = scope.get("user")
         principal = await database_sync_to_async(lambda: principal_for_user(user))()
-        return await self.inner({**scope, PRINCIPAL_KEY: principal}, receive, send)
+        return await _admit(self.inner, scope, receive, send, principal, NO_SESSION)
 
 
 class TokenAuthMiddleware:
@@ -207,7 +272,8 @@ class TokenAuthMiddleware:
             conf = gateway_settings()
             headers = scope.get("headers", ())
             if not origin_allowed(headers, conf.allowed_origins, list(conf.allowed_hosts)):
-                # The session is not even looked at: the socket is refused (403).
+                # The session is not even looked at: the socket is refused
+                # (403, or 4401 for a browser).
                 origin = _header(headers, b"origin")
                 if origin is not None:
                     log.warning(
@@ -216,14 +282,14 @@ class TokenAuthMiddleware:
                         origin[:200],
                         (_header(headers, b"host") or "")[:200],
                     )
-                return await self.inner({**scope, PRINCIPAL_KEY: None}, receive, send)
+                return await _admit(self.inner, scope, receive, send, None, NO_TOKEN)
             return await self.session_stack(scope, receive, send)
         if is_signed_token(secret):
             # Pure CPU (an HMAC): no thread hop for the database.
             principal = principal_for_signed(secret)
         else:
             principal = await database_sync_to_async(principal_for_token)(secret)
-        return await self.inner({**scope, PRINCIPAL_KEY: principal}, receive, send)
+        return await _admit(self.inner, scope, receive, send, principal, BAD_TOKEN)
 
 
 def websocket_auth_stack(inner: Any) -> Any:

@@ -309,6 +309,11 @@ export declare function closeAction(
   options?: { canRenewToken?: boolean },
 ): "stop" | "token" | "retry";
 export declare function closeError(code: number, reason: string, lastError?: Error | null): Error;
+/** A socket closed 4401 right after its only frame, an `unauthorized` error: its token was refused. */
+export declare function refusedAtOpen(
+  code: number,
+  frames: Array<{ op: string; code?: unknown }>,
+): boolean;
 export declare function deliveriesOf(frame: Frame): Array<{
   queue: string;
   id: string;

@@ -326,8 +326,9 @@ export function refreshDelay(token, { obtainedAt, now, lead = 30_000, floor = 1_
  * What to do after a socket closed with `code`:
  * - "stop": reconnecting cannot help (4400 bad URL, 4403 outside the token's
  *   scopes; 4401 when there is no `getToken` to get a new token);
- * - "token": the token expired or was revoked (4401): reconnect at once with a
- *   fresh one from `getToken`;
+ * - "token": the token expired, was revoked or was refused (4401): reconnect
+ *   at once with a fresh one from `getToken` (then with backoff, if the new
+ *   ones are refused too);
  * - "retry": reconnect after a backoff (network loss, restart 1001, slow
  *   consumer 4008, too many sockets 4429, a dashboard disconnect 4000...).
  */
@@ -335,6 +336,21 @@ export function closeAction(code, { canRenewToken = false } = {}) {
   if (code === 4400 || code === 4403) return "stop";
   if (code === 4401) return canRenewToken ? "token" : "stop";
   return "retry";
+}
+
+/**
+ * Was this socket refused rather than lost? A gateway of protocol 1.2 accepts
+ * a browser's socket whose token it refuses, sends one `unauthorized` error
+ * and closes with 4401 (a browser would show a refused handshake as 1006, like
+ * a network failure). `frames` are the ops and codes the socket received.
+ */
+export function refusedAtOpen(code, frames) {
+  return (
+    code === 4401 &&
+    frames.length === 1 &&
+    frames[0].op === "error" &&
+    frames[0].code === "unauthorized"
+  );
 }
 
 /** The typed error for a final close, preferring the `error` frame the gateway sent just before. */
@@ -598,9 +614,14 @@ class Link {
     }
     this.ws = ws;
     let openedAt = null;
+    // The first frames of this socket, and what its opening counted: a socket
+    // refused right after opening (refusedAtOpen) is undone as never opened.
+    const received = [];
+    let counted = null;
     ws.onopen = () => {
       if (this.ws !== ws) return;
       openedAt = Date.now();
+      counted = { everOpened: this._everOpened, reconnect: this._everOpened };
       if (this._everOpened) this.reconnects += 1;
       this._everOpened = true;
       this.lastError = null;
@@ -618,6 +639,7 @@ class Link {
         this._reportError(err);
         return;
       }
+      if (received.length < 2) received.push({ op: frame.op, code: frame.code });
       if (this.pending.settle(frame)) return;
       if (frame.op === "error") this.lastError = errorFromFrame(frame);
       this.frame(frame, ws);
@@ -628,13 +650,21 @@ class Link {
     ws.onclose = (event) => {
       if (this.ws !== ws) return;
       this.ws = null;
+      if (counted !== null && refusedAtOpen(event.code, received)) {
+        // Refused, not lost: the page's stream never started on this socket.
+        this._everOpened = counted.everOpened;
+        if (counted.reconnect) this.reconnects -= 1;
+        openedAt = null;
+      }
       this._lost(event.code, event.reason || "", openedAt);
     };
   }
 
   _lost(code, reason, openedAt) {
     this._clearTimers();
-    this.pending.failAll(new ConnectionClosed(code, reason));
+    // Requests sent on a socket whose token was refused fail as what they are.
+    const refused = code === 4401 && this.lastError instanceof Unauthorized;
+    this.pending.failAll(refused ? this.lastError : new ConnectionClosed(code, reason));
     this.lost();
     if (this.closed) {
       this._finish(null);
@@ -646,7 +676,8 @@ class Link {
     }
     if (openedAt === null && this.client.getToken) {
       // Browsers do not show why a handshake failed (a 403 is a bare 1006):
-      // perhaps the token was refused, so the next attempt gets a new one.
+      // perhaps the token was refused, so the next attempt gets a new one. A
+      // gateway of protocol 1.2 says so instead (4401 after `unauthorized`).
       this._forceToken = true;
     }
     const action = closeAction(code, { canRenewToken: Boolean(this.client.getToken) });

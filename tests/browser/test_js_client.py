@@ -613,3 +613,95 @@ async def test_an_async_on_message_holds_credit_and_drops_are_reported(
     await page.evaluate("window.slow.client.close()")
     assert errors == []
     await page.close()
+
+
+REFUSED_TOKEN_SCRIPT = """
+async ({ good }) => {
+  const lc = await import("/static/leasecast/leasecast.js");
+  const out = {};
+  let sockets = 0;
+  class Counted extends WebSocket {
+    constructor(url) {
+      super(url);
+      sockets += 1;
+    }
+  }
+  const bounded = (promise) =>
+    Promise.race([promise, new Promise((r) => setTimeout(() => r("still retrying"), 10000))]);
+
+  // A fixed token the gateway refuses: the subscription stops with Unauthorized,
+  // told to onError, after one socket (no reconnect can help).
+  const reported = [];
+  const refused = new lc.Leasecast(location.origin, {
+    token: "lc_not-a-token",
+    WebSocket: Counted,
+    onError: (error) => reported.push([error.name, error.code]),
+  });
+  const sub = refused.subscribe("prices", { onMessage: () => {} });
+  const final = await bounded(sub.done);
+  out.final = final && final.name ? [final.name, final.code, final instanceof lc.Unauthorized] : final;
+  out.sockets = sockets;
+  out.state = sub.state;
+  try {
+    await bounded(refused.enqueue("orders", 1));
+    out.enqueue = "accepted";
+  } catch (error) {
+    out.enqueue = [error.name, error.code];
+  }
+  out.reported = reported;
+  await refused.close();
+
+  // With getToken: a refused token makes the client ask it again, and the next
+  // token gets in (the refused socket counts as no reconnect, no gap).
+  let calls = 0;
+  const recovers = [];
+  window.renewed = new lc.Leasecast(location.origin, {
+    getToken: async () => (++calls === 1 ? "lc_not-a-token" : good),
+    onError: () => {},
+  });
+  window.renewedSub = window.renewed.subscribe("prices", {
+    onMessage: () => {},
+    onRecover: (info) => recovers.push(info),
+  });
+  window.renewedOut = () => ({
+    calls,
+    recovers,
+    reconnects: window.renewedSub.reconnects,
+    state: window.renewedSub.state,
+  });
+  return out;
+}
+"""
+
+
+async def test_a_refused_token_is_an_auth_error_not_an_outage(
+    browser: Any,  # noqa: F811 - the fixture
+    site: GatewayProcess,
+    admin: str,
+    page_token: str,
+) -> None:
+    """Issue 21, item 4: a refused token is told (4401), not a 1006 retried forever."""
+    page = await browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    await page.goto(f"{site.http}/healthz")
+    before = len(await subscriber_sockets(site, admin, "prices"))
+    out = await page.evaluate(REFUSED_TOKEN_SCRIPT, {"good": page_token})
+    assert out["final"] == ["Unauthorized", "unauthorized", True]
+    assert out["sockets"] == 1
+    assert out["state"] == "closed"
+    assert out["enqueue"] == ["Unauthorized", "unauthorized"]
+    assert out["reported"][0] == ["Unauthorized", "unauthorized"]
+    assert {tuple(r) for r in out["reported"]} == {("Unauthorized", "unauthorized")}
+
+    async def renewed_open() -> bool:
+        now = await subscriber_sockets(site, admin, "prices")
+        state = await page.evaluate("window.renewedOut()")
+        return len(now) == before + 1 and state["state"] == "open"
+
+    await eventually(renewed_open, "the subscription open with the token getToken gave next")
+    renewed = await page.evaluate("window.renewedOut()")
+    assert (renewed["calls"], renewed["recovers"], renewed["reconnects"]) == (2, [], 0)
+    await page.evaluate("window.renewed.close()")
+    assert errors == []
+    await page.close()

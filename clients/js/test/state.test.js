@@ -23,6 +23,7 @@ import {
   PendingReplies,
   ProtocolError,
   refreshDelay,
+  refusedAtOpen,
   ResumePosition,
   StaleReceipt,
   SubscriberCore,
@@ -254,6 +255,17 @@ test("close codes: 4400 and 4403 stop, 4401 renews the token when it can, the re
   assert.ok(closeError(1006, "") instanceof ConnectionClosed);
   const sent = errorFromFrame({ op: "error", code: "forbidden", detail: "not prices" });
   assert.equal(closeError(4403, "", sent), sent);
+});
+
+test("a socket refused right after opening is told apart from one that was lost", () => {
+  const told = [{ op: "error", code: "unauthorized" }];
+  assert.equal(refusedAtOpen(4401, told), true);
+  // Expired or revoked after it worked: frames came before the close.
+  assert.equal(refusedAtOpen(4401, [{ op: "subscribed" }, ...told]), false);
+  assert.equal(refusedAtOpen(4401, []), false);
+  assert.equal(refusedAtOpen(1006, []), false);
+  assert.equal(refusedAtOpen(4403, [{ op: "error", code: "forbidden" }]), false);
+  assert.equal(refusedAtOpen(1000, told), false);
 });
 
 test("pending replies settle by ref, reject typed errors, and fail together on close", async () => {

@@ -16,7 +16,7 @@ nothing but the standard library; the gateway uses the same classes through
     │   ├── UnknownOp                 unknown_op     400
     │   ├── Invalid                   invalid        400
     │   ├── TooLarge                  too_large      413
-    │   ├── Unauthorized              unauthorized   401  (HTTP only)
+    │   ├── Unauthorized              unauthorized   401  (and a browser socket's close 4401)
     │   ├── Forbidden                 forbidden      403
     │   ├── StaleReceipt              stale_receipt  409
     │   ├── NotFound                  not_found      404
@@ -104,7 +104,11 @@ class TooLarge(ProtocolError):
 
 
 class Unauthorized(ProtocolError):
-    """No token, or a token that is unknown or revoked (HTTP 401)."""
+    """No token, or a token that is unknown, revoked, expired or forged.
+
+    HTTP 401; a socket handshake without ``Origin`` is refused with 403; one
+    with ``Origin`` is told this code in an error frame, then closed with 4401.
+    """
 
     code = "unauthorized"
     http_status = 401
@@ -181,9 +185,10 @@ class ConnectionClosed(ClientError):
 
 
 class TokenExpired(ConnectionClosed):
-    """The gateway closed the socket with 4401: its token expired or was revoked.
+    """The gateway closed the socket with 4401: its token expired, was revoked or refused.
 
-    Not final: the client reconnects with a fresh token (from its token callable).
+    Not final: the client reconnects with a fresh token (from its token
+    callable). A refused token without a callable is :class:`Unauthorized`.
     """
 
 

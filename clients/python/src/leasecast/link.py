@@ -242,13 +242,18 @@ class Link:
     Frames that are not replies (``deliver``, ``deliveries``, ``messages``) are
     queued for :meth:`next`. When the socket closes, every waiter gets
     :class:`~leasecast.errors.ConnectionClosed`, or the protocol error the server
-    stated before a 4400/4403 close (those are final: see :func:`permanent`).
+    stated before a 4400/4403 close (those are final: see :func:`permanent`),
+    or :class:`~leasecast.errors.Unauthorized` for a token refused with 4401
+    (final unless the token came from a callable, which is then asked again).
     """
 
     def __init__(
         self, conn: ClientConnection, token: str = "", tokens: TokenSource | None = None
     ) -> None:
         self.conn = conn
+        # With a token callable, a refused token is worth one more try with a
+        # fresh one from it; with a fixed token, a refusal is final.
+        self._renewable = tokens is not None and tokens.renewable
         self._pending = PendingReplies()
         self._frames: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         #: why the socket closed; None while it is open
@@ -362,7 +367,17 @@ class Link:
     def _close_reason(self, last_error: dict[str, Any] | None) -> LeasecastError:
         code = self.conn.close_code
         if code == TOKEN_EXPIRED_CLOSE_CODE:
-            return TokenExpired(f"the gateway closed the socket with {code}: token expired")
+            refused = last_error is not None and last_error.get("code") == Unauthorized.code
+            if refused and not self._renewable:
+                # Protocol 1.2: a socket with an Origin whose token is refused
+                # is accepted, told ``unauthorized`` and closed with 4401.
+                # The same token would be refused again: final, as a 403 is.
+                assert last_error is not None
+                return Unauthorized(str(last_error.get("detail") or "the token was refused"))
+            return TokenExpired(
+                f"the gateway closed the socket with {code}: token "
+                + ("refused" if refused else "expired or revoked")
+            )
         if code in PERMANENT_CLOSE_CODES:
             if last_error is not None:
                 return error_for_code(
@@ -448,7 +463,8 @@ class Link:
 
         Raises:
             ConnectionClosed: the socket closed (every later call raises too).
-            ProtocolError: the socket closed with a final error (4400/4403).
+            ProtocolError: the socket closed with a final error (4400/4403, or
+                ``unauthorized`` 4401).
         """
         frame = await self._frames.get()
         if frame is None:
