@@ -639,7 +639,9 @@ async ({ good }) => {
   });
   const sub = refused.subscribe("prices", { onMessage: () => {} });
   const final = await bounded(sub.done);
-  out.final = final && final.name ? [final.name, final.code, final instanceof lc.Unauthorized] : final;
+  out.final = final && final.name
+    ? [final.name, final.code, final instanceof lc.Unauthorized]
+    : final;
   out.sockets = sockets;
   out.state = sub.state;
   try {
