@@ -1,0 +1,252 @@
+"""README "A five-minute tour": every command runs as written, twice in a row.
+
+Each run is what a user does: ``make run`` (its migrate, ``bootstrap_dev`` and
+server, on a free port), paste the ``export`` line it printed into a fresh
+shell, then type the tour's ``sh`` blocks into that shell in order. The
+second run uses the same database, as a second ``make run`` does. A few
+commands need the user to wait for something they would see (a worker
+holding a message); the test waits for it through the gateway's API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.databases import ROOT, manage, sqlite_database
+from tests.integration.harness import GatewayProcess, http
+
+README = ROOT / "README.md"
+MARK = "__tour_done__"
+
+
+def tour_commands() -> list[str]:
+    """The commands of the README tour's ``sh`` blocks, continuation lines joined."""
+    text = README.read_text()
+    start = text.index("\n## A five-minute tour\n")
+    section = text[start : text.index("\n## ", start + 1)]
+    commands: list[str] = []
+    for block in re.findall(r"```sh\n(.*?)```", section, re.DOTALL):
+        pending = ""
+        for raw in block.splitlines():
+            line = raw.strip()
+            if not pending and (not line or line.startswith("#")):
+                continue
+            if line.endswith("\\"):
+                pending += line[:-1] + " "
+                continue
+            commands.append(pending + line)
+            pending = ""
+    return commands
+
+
+def bootstrap_export(output: str) -> str:
+    """The ``export`` line ``bootstrap_dev`` (so ``make run``) says to paste."""
+    lines = [line.strip() for line in output.splitlines() if line.strip().startswith("export ")]
+    assert len(lines) == 1, output
+    return lines[0]
+
+
+class Shell:
+    """One bash reading commands as a terminal would; background jobs share its output."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self._out = open(log, "wb")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(
+            ["bash", "--noprofile", "--norc"],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self._seen = 0
+        self.runs = 0
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def run(self, command: str, timeout: float = 120) -> str:
+        """Type ``command``; its output (and any background job's meanwhile).
+
+        Raises:
+            AssertionError: it exited non-zero or did not finish in time.
+        """
+        assert self.proc.stdin is not None
+        self.runs += 1
+        marker = f"{MARK} {self.runs}"
+        self.proc.stdin.write(f'{command}\necho; echo "{marker} $?"\n')
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + timeout
+        while marker not in self.text():
+            assert time.monotonic() < deadline, f"{command!r} did not finish:\n{self.text()}"
+            time.sleep(0.05)
+        text = self.text()
+        end = text.index(marker)
+        while "\n" not in text[end:]:  # the status after the marker is still coming
+            text = self.text()
+        output, self._seen = text[self._seen : end], text.index("\n", end) + 1
+        status = text[end + len(marker) :].split()[0]
+        assert status == "0", f"{command!r} exited {status}:\n{output}"
+        return output
+
+    def close(self) -> None:
+        # Ends the tour's background jobs too: they are in the shell's session.
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait(10)
+        self._out.close()
+
+
+def wait_until(condition: Callable[[], Any], what: str, timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def queue(gateway: GatewayProcess, token: str) -> dict[str, Any]:
+    status, body = http("GET", f"{gateway.http}/api/queues/emails.welcome", token)
+    return body if status == 200 else {}
+
+
+def sockets(gateway: GatewayProcess, token: str, kind: str) -> list[dict[str, Any]]:
+    status, body = http("GET", f"{gateway.http}/api/stats", token)
+    return [s for s in body.get("sockets", []) if s["kind"] == kind] if status == 200 else []
+
+
+def run_tour(gateway: GatewayProcess, shell: Shell, admin: str, round_: int) -> None:
+    """Type every tour command in order, waiting where a reader would."""
+    commands = tour_commands()
+    kills = 0
+    for command in commands:
+        if command.startswith(".venv/bin/leasecast stats"):
+            # The worker acked the message: what step 5 says the stats show.
+            wait_until(
+                lambda: (
+                    queue(gateway, admin).get("visible") == 0
+                    and queue(gateway, admin).get("in_flight") == 0
+                ),
+                "the worker's ack",
+            )
+        if command == "kill $!":
+            kills += 1
+            if kills == 2:  # the holding worker has printed its delivery
+                wait_until(lambda: queue(gateway, admin).get("in_flight") == 1, "a held lease")
+            if kills == 3:
+                wait_until(lambda: '"EURUSD": 1.09' in shell.text(), "the subscriber's message")
+        if "publish prices '{\"EURUSD\": 1.09}'" in command:
+            wait_until(lambda: sockets(gateway, admin, "subscriber"), "the subscriber")
+        output = shell.run(command)
+        assert '"error"' not in output, f"{command!r} was refused:\n{output}"
+        check(command, output, shell, gateway, admin, round_)
+    assert kills == 3, commands
+
+
+def objects(output: str, key: str) -> list[dict[str, Any]]:
+    """The JSON objects with ``key`` in ``output`` (background jobs print too, and
+    curl's answer ends without a newline, so another line may follow on its line)."""
+    decoder = json.JSONDecoder()
+    found = []
+    for line in output.splitlines():
+        index = 0
+        while line.startswith("{", index):
+            value, index = decoder.raw_decode(line, index)
+            if key in value:
+                found.append(value)
+    return found
+
+
+def check(
+    command: str, output: str, shell: Shell, gateway: GatewayProcess, admin: str, round_: int
+) -> None:
+    """What the README says each command shows."""
+    if command.startswith("export LEASECAST_TOKEN"):
+        assert shell.run('test -n "$LEASECAST_TOKEN" && echo set').strip() == "set"
+    elif command.endswith(".venv/bin/leasecast consume emails.welcome &"):
+        wait_until(lambda: sockets(gateway, admin, "worker"), "the worker")
+    elif command.startswith("curl -s -X POST") and command.count("/messages") == 1:
+        [result] = objects(output, "results")[0]["results"]
+        # The first run enqueues; the second, within the dedup window, is a duplicate.
+        assert result["duplicate"] is (round_ == 2), output
+    elif command == ".venv/bin/leasecast stats emails.welcome":
+        # Indented, so the one object of several lines (the worker's line may come first).
+        stats, _ = json.JSONDecoder().raw_decode(output, output.index("{\n"))
+        assert (stats["visible"], stats["in_flight"], stats["dead"]) == (0, 0, 0), output
+    elif command == ".venv/bin/leasecast consume emails.welcome --count 1":
+        [line] = objects(output, "deliveries")
+        # After the kill, the held message again; after the redrive, the dead one.
+        assert line["body"]["to"] in {"bob@example.com", "nobody@invalid"}, output
+        if line["body"]["to"] == "bob@example.com":
+            assert line["deliveries"] == 2, output
+    elif command.endswith("--count 1 --reject"):
+        assert [line["body"] for line in objects(output, "deliveries")] == [
+            {"to": "nobody@invalid"}
+        ]
+        assert queue(gateway, admin)["dead"] == 1
+    elif "/messages?state=dead" in command:
+        [page] = objects(output, "messages")
+        items = page["messages"]
+        assert [item["body"] for item in items] == [{"to": "nobody@invalid"}], output
+    elif command.endswith('/redrive" -H "Authorization: Bearer $ADMIN_TOKEN"'):
+        assert objects(output, "redriven") == [{"redriven": 1}], output
+    elif "subscribe prices --after" in command:
+        lines = objects(output, "seq")
+        assert [line["body"] for line in lines] == [{"EURUSD": 1.11}, {"EURUSD": 1.12}], output
+
+
+def test_the_readme_tour_runs_as_written_twice(tmp_path: Path) -> None:
+    var = Path(tempfile.mkdtemp(prefix="leasecast-tour-"))
+    with sqlite_database(var) as env:
+        env = {k: v for k, v in env.items() if k not in ("LEASECAST_URL", "LEASECAST_TOKEN")}
+        for round_ in (1, 2):
+            gateway = GatewayProcess(env, var, name=f"tour{round_}")
+            # What `make run` does: migrate, bootstrap_dev with its URL, serve.
+            manage(env, "migrate", "--noinput", "-v0")
+            printed = manage(env, "bootstrap_dev", "--url", gateway.http)
+            export = bootstrap_export(printed)
+            assert export.startswith(f"export LEASECAST_URL={gateway.http} ADMIN_TOKEN=lc_")
+            admin = export.rsplit("ADMIN_TOKEN=", 1)[1]
+            gateway.start()
+            shell = Shell(env, tmp_path / f"shell{round_}.log")
+            try:
+                shell.run(export)
+                run_tour(gateway, shell, admin, round_)
+                # Everything the tour enqueued was worked: nothing left behind.
+                stats = queue(gateway, admin)
+                assert (stats["visible"], stats["in_flight"], stats["dead"]) == (0, 0, 0)
+            finally:
+                shell.close()
+                gateway.stop()
+
+
+def test_bootstrap_dev_names_its_file_and_prints_the_export_line(tmp_path: Path) -> None:
+    with sqlite_database(tmp_path) as env:
+        first = manage(env, "bootstrap_dev", "--url", "http://127.0.0.1:9000/")
+        again = manage(env, "bootstrap_dev", "--url", "http://127.0.0.1:9001")
+    path = tmp_path / "dev-credentials.txt"
+    assert f"kept in {path}" in first  # named, not "this file"
+    assert path.stat().st_mode & 0o777 == 0o600
+    token = re.search(r"admin token:\s+(lc_\S+)", first)
+    assert token is not None, first
+    assert bootstrap_export(first) == (
+        f"export LEASECAST_URL=http://127.0.0.1:9000 ADMIN_TOKEN={token.group(1)}"
+    )
+    # Later runs print the same credentials with this run's address.
+    assert bootstrap_export(again) == (
+        f"export LEASECAST_URL=http://127.0.0.1:9001 ADMIN_TOKEN={token.group(1)}"
+    )
+    assert "admin login:   admin / " in again
