@@ -13,6 +13,10 @@ Under both servers an HTTP request body over ``GATEWAY_MAX_REQUEST_BYTES``
 is answered 413 as it arrives, before the application sees the request
 (gateway/server_limits.py).
 
+No token reaches a log line: ``?token=`` values, bearer secrets and
+token-shaped strings are redacted in every log record and in daphne's access
+log (gateway/redact.py).
+
 Any daphne option may follow, e.g. ``python -m gateway.serve -b 0.0.0.0 -p 8000``.
 
 On SIGTERM the process drains instead of dropping everything: it stops
@@ -37,6 +41,8 @@ import math
 import os
 import sys
 from typing import Any
+
+from gateway.redact import install_log_redaction, redacting_access_log
 
 DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
 SERVERS = ("daphne", "uvicorn")
@@ -211,6 +217,9 @@ def _limit_uvicorn_requests() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Run daphne (or ``--server uvicorn``) with Leasecast's defaults."""
     server, args = split_server(sys.argv[1:] if argv is None else argv)
+    # No token reaches a log line, the servers' access logs included
+    # (gateway/redact.py): clients may send theirs as ?token=.
+    install_log_redaction()
     if server == "uvicorn":
         try:
             from uvicorn.main import main as uvicorn_main
@@ -223,6 +232,7 @@ def main(argv: list[str] | None = None) -> None:
         _limit_uvicorn_requests()
         uvicorn_main.main(args=uvicorn_args(args), prog_name="python -m gateway.serve")
         return
+    from daphne import cli as daphne_cli
     from daphne import server as daphne_server
     from daphne.cli import CommandLineInterface
 
@@ -231,6 +241,7 @@ def main(argv: list[str] | None = None) -> None:
     from gateway.transport import with_transport_flow
 
     daphne_server.WebSocketFactory = _closing_websocket_factory()
+    daphne_cli.AccessLogGenerator = redacting_access_log(daphne_cli.AccessLogGenerator)
     # Request bodies over GATEWAY_MAX_REQUEST_BYTES are refused as they
     # arrive, before the application (gateway.server_limits).
     daphne_server.HTTPFactory = daphne_http_factory(daphne_server.HTTPFactory, max_request_bytes())
