@@ -29,7 +29,15 @@ from typing import Any
 
 import orjson
 
-__all__ = ["POSTGRESQL", "SQLITE", "Dialect", "Run", "Statement", "check_sqlite"]
+__all__ = [
+    "POSTGRESQL",
+    "SQLITE",
+    "SQLITE_THROUGH_DJANGO",
+    "Dialect",
+    "Run",
+    "Statement",
+    "check_sqlite",
+]
 
 Statement = tuple[str, Sequence[Any]]
 #: Runs one statement (``%s`` placeholders) in the current transaction and
@@ -168,6 +176,20 @@ class _Sqlite(Dialect):
         return current
 
 
+class _SqliteThroughDjango(_Sqlite):
+    """SQLite through a Django connection's cursor (``gateway.store.on_django``).
+
+    Django's SQLite cursor takes ``%s`` placeholders and turns them into ``?``
+    itself; with ``DEBUG`` on, its debug wrapper also renders each statement
+    with ``%`` for ``connection.queries``, which fails on ``?``. So the
+    statements go to it as written, and Django's logging, its
+    ``execute_wrapper`` hooks and its error classes all see them. The
+    gateway's own store keeps :data:`SQLITE` on a plain ``sqlite3`` cursor.
+    """
+
+    placeholder = "%s"
+
+
 def check_sqlite(conn: Any) -> None:
     """Refuse an SQLite library the store's statements cannot run on.
 
@@ -271,4 +293,6 @@ def group_lock_key(queue_id: int, group: str) -> int:
 
 
 SQLITE: Dialect = _Sqlite()
+#: :data:`SQLITE` for a Django connection's cursor (``%s`` placeholders).
+SQLITE_THROUGH_DJANGO: Dialect = _SqliteThroughDjango()
 POSTGRESQL: Dialect = _Postgres()

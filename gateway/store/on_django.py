@@ -21,7 +21,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from gateway import metrics
-from gateway.store.dialects import POSTGRESQL, SQLITE
+from gateway.store.dialects import POSTGRESQL, SQLITE_THROUGH_DJANGO
 from gateway.store.groups import settle
 from gateway.store.runner import NOTIFY_CHANNEL
 from gateway.store.txn import QueueCache, Txn
@@ -39,7 +39,8 @@ def django_transaction(using: str = "default") -> Iterator[Txn]:
     from gateway.conf import gateway_settings
 
     connection = connections[using]
-    dialect = POSTGRESQL if connection.vendor == "postgresql" else SQLITE
+    # Django's cursor on both: its placeholders are %s (SQLITE_THROUGH_DJANGO's doc).
+    dialect = POSTGRESQL if connection.vendor == "postgresql" else SQLITE_THROUGH_DJANGO
     with transaction.atomic(using=using), connection.cursor() as cursor:
         # No cache across calls: settings edited elsewhere apply at once here.
         queues = QueueCache(gateway_settings().default_queue, ttl=0.0)

@@ -70,17 +70,28 @@ def shop_env(env: dict[str, str]) -> dict[str, str]:
     return shop
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+@pytest.fixture(
+    scope="module",
+    params=[("sqlite", "1"), ("sqlite", "0"), ("postgres", "1"), ("postgres", "0")],
+    ids=["sqlite-debug", "sqlite-nodebug", "postgres-debug", "postgres-nodebug"],
+)
 def shop(request: pytest.FixtureRequest) -> Iterator[tuple[ShopProcess, str]]:
-    """The running shop and an admin token of its Leasecast."""
-    if request.param == "postgres":
+    """The running shop and an admin token of its Leasecast, with ``DEBUG`` on and off.
+
+    With ``DEBUG`` on, Django's debug cursor renders every statement with ``%``
+    (``connection.queries``): the store's statements must survive that too.
+    """
+    kind, debug = request.param
+    if kind == "postgres":
         reason = postgres_unavailable()
         if reason:
             pytest.skip(reason)
-    var = Path(tempfile.mkdtemp(prefix=f"leasecast-shop-{request.param}-"))
+    var = Path(tempfile.mkdtemp(prefix=f"leasecast-shop-{kind}-"))
     with ExitStack() as stack:
-        database = sqlite_database(var) if request.param == "sqlite" else postgres_database(var)
-        process = ShopProcess(shop_env(stack.enter_context(database)), var, name="shop")
+        database = sqlite_database(var) if kind == "sqlite" else postgres_database(var)
+        env = shop_env(stack.enter_context(database))
+        env["SHOP_DEBUG"] = debug
+        process = ShopProcess(env, var, name="shop")
         process.manage("migrate", "--noinput", "-v0")  # the shop's own tables
         token = process.issue_token("admin", name="shop-admin")
         process.start()
