@@ -11,7 +11,9 @@ from tests.integration.harness import GatewayProcess
 from tests.integration.test_clients_doc_raw import run_example
 
 
-def test_python_example_runs_against_a_live_gateway(gateway: GatewayProcess) -> None:
+def test_python_example_runs_against_a_live_gateway_twice_in_a_row(
+    gateway: GatewayProcess,
+) -> None:
     output = run_example(gateway, "Python", "python-example")
     assert output.splitlines() == [
         "enqueued 3 duplicates 0",
@@ -20,3 +22,7 @@ def test_python_example_runs_against_a_live_gateway(gateway: GatewayProcess) -> 
         "sending to user2@example.com delivery 1",
         "prices [101, 102, 103]",
     ]
+    # Run again within the dedup window: the keys are duplicates, nothing new
+    # is enqueued, and the program must not wait for jobs that are not coming.
+    again = run_example(gateway, "Python", "python-example")
+    assert again.splitlines() == ["enqueued 3 duplicates 3", "prices [101, 102, 103]"]

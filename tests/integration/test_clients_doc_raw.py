@@ -46,19 +46,22 @@ def run_example(gateway: GatewayProcess, section: str, name: str) -> str:
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=60,  # a program that waits forever fails here
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
 
-def test_raw_protocol_example_runs_against_a_live_gateway(gateway: GatewayProcess) -> None:
-    output = run_example(gateway, "Any other language: the raw protocol", "raw-example")
-    lines = output.splitlines()
-    assert re.fullmatch(r"enqueued \d+ duplicate False", lines[0]), lines
-    assert lines[1] == "working on hi delivery 1", lines
-    assert lines[-1] == "prices [101, 102, 103]", lines
-    assert "messages were lost" not in output
+def test_raw_protocol_example_runs_against_a_live_gateway_twice_in_a_row(
+    gateway: GatewayProcess,
+) -> None:
+    for _ in range(2):
+        output = run_example(gateway, "Any other language: the raw protocol", "raw-example")
+        lines = output.splitlines()
+        assert re.fullmatch(r"enqueued \d+ duplicate False", lines[0]), lines
+        assert lines[1] == "working on hi delivery 1", lines
+        assert lines[-1] == "prices [101, 102, 103]", lines
+        assert "messages were lost" not in output
 
 
 async def test_raw_protocol_example_resumes_from_a_saved_position(
