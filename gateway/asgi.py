@@ -19,9 +19,12 @@ from channels.routing import ProtocolTypeRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from gateway.conf import gateway_settings  # noqa: E402
+from gateway.cors import CrossOrigin  # noqa: E402
 from gateway.routing import websocket_application  # noqa: E402
 
-http_app = (
+# Pages of GATEWAY_ALLOWED_ORIGINS may import the JavaScript client (and read
+# event streams) from here.
+http_app = CrossOrigin(
     ASGIStaticFilesHandler(django_asgi_app) if gateway_settings().serve_static else django_asgi_app
 )
 
