@@ -131,7 +131,7 @@ class GatewaySocket(AsyncWebsocketConsumer):
         self._outbox: list[str] = []
         self._outbox_ready = asyncio.Event()
         # Frames pending and the transport's room: the socket's writability
-        # (gateway.transport, DESIGN decision 14), told to writable_changed().
+        # (gateway.transport, design decision 14), told to writable_changed().
         self._window = SocketWindow(self.writable_changed)
         self._writer: asyncio.Task[None] | None = None
         self._close_code: int | None = None
@@ -296,7 +296,7 @@ class GatewaySocket(AsyncWebsocketConsumer):
 
     def writable_changed(self, writable: bool) -> None:
         """The socket started (``writable``) or stopped taking frames: a few are
-        pending already, or its transport's write buffer is full (DESIGN decision 14)."""
+        pending already, or its transport's write buffer is full (design decision 14)."""
 
     def reply(self, result: Result, ref: Ref, make: Any) -> None:
         """Push ``make(result)`` as the reply, or the error frame if ``result`` is one."""

@@ -2,7 +2,7 @@
 
 The socket holds at most ``prefetch`` unacked leases; the queue's pump pushes
 deliveries while it has room. Its leases end with ack, nack, reject, their
-timeout, or the socket closing, which releases them at once (DESIGN decision 5).
+timeout, or the socket closing, which releases them at once (design decision 5).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class WorkerSocket(GatewaySocket):
         self.queue = check_name(self.scope["url_route"]["kwargs"]["queue"], "queue")
         prefetch = int_param(params, "prefetch", 10, 1, MAX_PREFETCH)
         # Extension: batch=N lets the gateway coalesce up to N deliveries into
-        # one ``deliveries`` frame (DESIGN decision 8); 1 keeps v1 frames.
+        # one ``deliveries`` frame (design decision 8); 1 keeps v1 frames.
         self.batch = int_param(params, "batch", 1, 1, MAX_PREFETCH)
         timeout: float | None = None
         if "visibility_timeout" in params:

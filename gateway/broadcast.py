@@ -3,9 +3,9 @@
 Publishing gives every message the topic's next offset (protocol 1.1: Topics:
 history, offsets and resume) and offers it to every local subscriber's buffer
 (``gateway.fanout``); one sender task drains the buffers against credit, by
-weight, into coalesced ``messages`` frames (DESIGN decisions 6 and 8).
+weight, into coalesced ``messages`` frames (design decisions 6 and 8).
 
-Where offsets come from depends on the deployment (DESIGN decision 11):
+Where offsets come from depends on the deployment (design decision 11):
 
 - one process (no ``REDIS_URL``): a :class:`~gateway.history.Sequencer` and
   :class:`~gateway.history.History` in this process; a publish is appended
@@ -618,7 +618,7 @@ class Broadcaster:
         While the topic's messages wait for a full ``block`` subscriber, the
         reader waits too instead of piling what it reads in memory: it falls
         behind in the stream, and what the stream trims meanwhile is counted
-        lost (DESIGN decision 11; docs/protocol.md, Broadcast details).
+        lost (design decision 11; docs/protocol.md, Broadcast details).
         """
         followed = self.followed.get(topic)
         while followed is not None and followed.draining:

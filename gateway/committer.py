@@ -2,7 +2,7 @@
 
 Operations submitted from the event loop are queued; one batch at a time runs
 on the store's own thread (not ``database_sync_to_async``'s shared thread,
-DESIGN decision 3). While a batch runs, new operations pile up and become the
+design decision 3). While a batch runs, new operations pile up and become the
 next batch, so under load one commit serves many sockets and, when idle, an
 operation starts at once.
 """

@@ -1,6 +1,6 @@
 """The broadcast dispatcher core: bounded per-socket buffers, policies, credit, fair draining.
 
-Pure (DESIGN decision 9): no asyncio, no I/O, an injected clock. Commands in
+Pure (design decision 9): no asyncio, no I/O, an injected clock. Commands in
 (``publish``, ``grant``, ``drain``), decisions out. ``gateway.broadcast`` wraps
 it for the subscriber sockets.
 
@@ -115,7 +115,7 @@ class Subscription:
     dropped_relay: int = 0  # lost between gateway processes (see gateway.relay)
     unreported: int = 0  # drops not yet told in a ``messages`` frame
     deficit: int = 0  # deficit round robin
-    # Its socket's transport is full (DESIGN decision 14): nothing is taken
+    # Its socket's transport is full (design decision 14): nothing is taken
     # from the buffer, so capacity and policy apply to a client that stopped
     # reading its TCP socket. Set by :meth:`Dispatcher.pause` / ``resume``.
     paused: bool = False
@@ -400,7 +400,7 @@ class Dispatcher:
         """The subscriber's transport is full: take nothing for it until :meth:`resume`.
 
         Its buffer keeps filling, so its capacity and ``on_full`` policy apply
-        as for a subscriber without credit (DESIGN decision 14).
+        as for a subscriber without credit (design decision 14).
         """
         sub = self.subscriptions.get(sid)
         if sub is None or sub.paused:

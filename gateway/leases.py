@@ -7,7 +7,7 @@ lease round is worth running. The unit tests drive all of them with a fake clock
 
 Stored states (the ``state`` column) and the states the protocol names
 (``docs/protocol.md``, Work queue) are not one-to-one, because visibility is a
-time (DESIGN decision 1): a leased message whose ``visible_at`` has passed *is*
+time (design decision 1): a leased message whose ``visible_at`` has passed *is*
 visible again, with no scavenger needed for correctness.
 
 =============  =====================  ===========================

@@ -1,6 +1,6 @@
 """Per-token limits: how many sockets a token holds open, how fast it may send.
 
-Pure: no Django, no asyncio, an injected clock (DESIGN decision 9). The
+Pure: no Django, no asyncio, an injected clock (design decision 9). The
 consumers and the HTTP views (``consumers.limits``) keep one
 :class:`TokenLimiter` per gateway process and ask it before they act; a
 refusal is answered with the protocol's ``backpressure`` (HTTP 429), and the

@@ -1,6 +1,6 @@
 """The runtime of one gateway process: builds, wires, owns and shuts down its parts.
 
-DESIGN decision 13. A gateway process has one work-queue engine, one
+design decision 13. A gateway process has one work-queue engine, one
 broadcaster (with the shared topic streams when several processes share a
 Redis), one process channel on the Channels layer (for the dashboards'
 exchange), one live exchange, one per-token limiter and one watch for

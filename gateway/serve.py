@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     daphne_server.HTTPFactory = daphne_http_factory(daphne_server.HTTPFactory, max_request_bytes())
     cli = CommandLineInterface()
     # Each WebSocket's transport tells its socket when its write buffer is
-    # full (gateway.transport, DESIGN decision 14).
+    # full (gateway.transport, design decision 14).
     cli.server_class = with_transport_flow(DrainingServer)
     cli.run(daphne_args(args))
 

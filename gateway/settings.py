@@ -1,7 +1,7 @@
 """Django settings for Leasecast, read from the environment.
 
 With nothing set, Leasecast runs on the embedded default: SQLite under ``var/``
-and the in-memory channel layer (DESIGN decision 10). ``DATABASE_URL`` selects
+and the in-memory channel layer (design decision 10). ``DATABASE_URL`` selects
 PostgreSQL, ``REDIS_URL`` selects ``channels_redis``; ``GATEWAY_*`` variables
 set the knobs that ``gateway.conf`` reads (see docs/operations.md).
 
@@ -149,7 +149,7 @@ TEMPLATES = [
     },
 ]
 
-# -- storage (DESIGN decisions 1-3) -------------------------------------------
+# -- storage (design decisions 1-3) -------------------------------------------
 
 if os.environ.get("DATABASE_URL"):
     DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"], conn_max_age=0)}
@@ -179,7 +179,7 @@ else:
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-# -- channel layer (DESIGN decision 7) ------------------------------------------
+# -- channel layer (design decision 7) ------------------------------------------
 
 if os.environ.get("REDIS_URL"):
     CHANNEL_LAYERS = {

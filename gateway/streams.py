@@ -1,6 +1,6 @@
 """Topic offsets, history and relay for several gateway processes: Redis Streams.
 
-DESIGN decision 11. With ``REDIS_URL`` set, each topic has, in Redis:
+design decision 11. With ``REDIS_URL`` set, each topic has, in Redis:
 
 - ``{prefix}:topic:{name}:meta``, a hash: ``epoch`` and ``offset`` (the latest);
 - ``{prefix}:topic:{name}:stream``, a stream whose entry ids are ``0-OFFSET``,

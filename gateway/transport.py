@@ -1,6 +1,6 @@
 """Transport backpressure: a socket whose transport is full stops draining its buffer.
 
-DESIGN decision 14. A subscriber that grants credit and then stops reading its
+design decision 14. A subscriber that grants credit and then stops reading its
 TCP socket must cost the gateway its own buffer capacity plus a bounded
 transport window, and no more; its ``on_full`` policy then applies as for any
 slow subscriber (``block`` subscribers get 4008). Two pieces give each socket

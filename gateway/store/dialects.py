@@ -2,7 +2,7 @@
 
 Statements the two share are written once, with ``%s`` placeholders, in the
 modules that use them; :meth:`Dialect.sql` adapts the placeholders. What
-differs lives here: how a transaction begins, the lease statement (DESIGN
+differs lives here: how a transaction begins, the lease statement (design
 decision 2), bulk inserts and acks (arrays on PostgreSQL, a JSON array on
 SQLite), and the per-group lock that only PostgreSQL needs.
 
@@ -15,7 +15,7 @@ returns N rows (``RETURNING``) makes N steps, each of which releases the GIL
 and must win it back from the event loop. So on SQLite the insert and the
 ack take their list as one JSON parameter (their text never changes, and
 Python's statement cache keeps them planned) and return at most one row. The
-lease stays one atomic ``UPDATE ... RETURNING`` (DESIGN decision 2): split
+lease stays one atomic ``UPDATE ... RETURNING`` (design decision 2): split
 into pick, update and read back it measured no faster. PostgreSQL's driver
 fetches a whole result at once and plans arrays once, so ``RETURNING`` and
 ``unnest`` stay there.

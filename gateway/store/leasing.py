@@ -1,7 +1,7 @@
 """Leases and how they end: lease rounds, ack, nack, reject, extend, release, expiry.
 
-Leasing is one statement per round (DESIGN decision 2, ``Dialect.lease``). A
-receipt names one delivery (DESIGN decision 4): every statement that ends a
+Leasing is one statement per round (design decision 2, ``Dialect.lease``). A
+receipt names one delivery (design decision 4): every statement that ends a
 lease checks the lease token, that the lease has not timed out, and that the
 message's ``ttl`` has not run out, so a stale receipt changes nothing.
 """

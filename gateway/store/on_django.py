@@ -3,7 +3,7 @@
 The admin's actions (``dashboard.operations``) and the transactional enqueue
 API (``gateway.producer``) apply the store's functions through the caller's
 connection, inside the caller's ``transaction.atomic()``: what they write
-commits or rolls back with the caller's own rows (DESIGN decision 12).
+commits or rolls back with the caller's own rows (design decision 12).
 
 Waking the gateways follows the commit, never a poll: on PostgreSQL a
 ``pg_notify`` inside the transaction (delivered on commit to every gateway

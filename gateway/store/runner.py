@@ -3,7 +3,7 @@
 A :class:`Store` owns one database connection and is used from one thread
 (the group-commit thread of ``gateway.committer``). :meth:`Store.run` applies a
 batch of operations in one transaction, so a burst of enqueues, acks and lease
-rounds from many sockets costs one commit (DESIGN decision 3). Consecutive
+rounds from many sockets costs one commit (design decision 3). Consecutive
 plain enqueues become one multi-row INSERT and consecutive plain acks one
 DELETE, so the number of statements does not grow with the number of messages.
 

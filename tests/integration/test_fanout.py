@@ -171,7 +171,7 @@ async def test_priority_never_puts_the_heavier_subscriber_behind(
     """Weights share the gateway's send capacity when the gateway is what limits
     (tests/unit/test_fanout.py and the property tests check the shares exactly).
     Over real sockets the limit may be the reader instead: since the transport's
-    backpressure reaches the buffers (DESIGN decision 14), a socket whose client
+    backpressure reaches the buffers (design decision 14), a socket whose client
     reads no faster than the other's gets no more. Either way the heavier one
     is never behind, and both get everything."""
     topic = unique("t")

@@ -412,7 +412,7 @@ async def topic_subscribers(gateway: GatewayProcess, token: str, topic: str) -> 
 async def test_a_subscriber_that_stops_reading_costs_bounded_memory(
     stalled_gateway: GatewayProcess,
 ) -> None:
-    """DESIGN decision 14: its transport full, its buffer stops draining, so its capacity
+    """design decision 14: its transport full, its buffer stops draining, so its capacity
     and policy apply (``drop_oldest`` here) as for a subscriber without credit."""
     gateway = stalled_gateway
     stalled = 2

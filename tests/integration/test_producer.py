@@ -1,4 +1,4 @@
-"""Enqueue from Django code against real gateway processes (DESIGN decision 12).
+"""Enqueue from Django code against real gateway processes (design decision 12).
 
 **In process.** This test process is a Django program on the gateway's own
 database (a second alias, ``leasecast``, on the gateway's SQLite file or

@@ -1,4 +1,4 @@
-"""Two gateway processes sharing topics through one real Redis (DESIGN decision 7).
+"""Two gateway processes sharing topics through one real Redis (design decision 7).
 
 Publishers are on process A; subscribers of every policy are on both A and B,
 so each policy is checked for local delivery (A) and relayed delivery (B).

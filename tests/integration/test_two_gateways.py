@@ -1,4 +1,4 @@
-"""Two gateway processes on one PostgreSQL database (DESIGN decision 10)."""
+"""Two gateway processes on one PostgreSQL database (design decision 10)."""
 
 from __future__ import annotations
 

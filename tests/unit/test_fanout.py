@@ -195,7 +195,7 @@ def test_beyond_keep_the_least_recently_published_unsubscribed_topics_are_forgot
     assert set(d.published) == {"kept"}
 
 
-# -- transport backpressure (DESIGN decision 14)
+# -- transport backpressure (design decision 14)
 
 
 def test_a_paused_subscriber_is_not_drained_and_its_policy_applies() -> None:

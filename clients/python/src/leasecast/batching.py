@@ -1,6 +1,6 @@
 """Coalescing: requests made in the same event-loop iteration go in one frame.
 
-The gateway's cost is per frame (DESIGN decision 8), so the client's fast
+The gateway's cost is per frame (design decision 8), so the client's fast
 path puts concurrent acks in one ``ack_many`` and concurrent enqueues to one
 queue in one ``enqueue_many``. Nothing waits for company: the first request
 of an iteration starts a flush task, which runs at the start of the next
