@@ -192,7 +192,7 @@ class Demo:
                             continue
                         if random.random() < 0.03:
                             # No close frame, no ack: the gateway releases every
-                            # lease of the socket at once (PROTOCOL.md, Worker socket).
+                            # lease of the socket at once (docs/protocol.md, Worker socket).
                             conn.transport.abort()
                             self.tally["crashy crashed"] += 1
                             break
