@@ -8,7 +8,11 @@ to the database, only the project's code and settings, so it runs on any
 machine that can reach a gateway.
 
 A task's message (``gateway.tasks.task_message``) names the task by module
-path; the worker imports it and calls ``task.func``: sync functions on a pool
+path; the worker looks it up in its registry (:class:`TaskRegistry`, made at
+start from the ``tasks`` module of every installed app and the modules of the
+``LEASECAST_TASK_MODULES`` setting) and calls ``task.func``. A message never
+makes the worker import anything: whoever can enqueue on a task queue could
+otherwise run any module's import-time code. Sync functions run on a pool
 of ``concurrency`` threads, coroutine functions on the event loop, at most
 ``concurrency`` tasks at once across all its queues. Each attempt ends its
 lease with the outcome (docs/protocol.md, Task outcomes), which the gateway
@@ -21,7 +25,7 @@ the task returned a JSON value            ``ack``, SUCCESSFUL with ``return_valu
 it returned something else                ``ack``, FAILED (the ``TypeError``)
 it raised, deliveries < max_deliveries    ``nack`` after a backoff, READY + error
 it raised, deliveries >= max_deliveries   ``ack``, FAILED + error
-the task cannot be imported               ``ack``, FAILED + the cause, no retry
+the task is not in the registry           ``ack``, FAILED + the cause, no retry
 the body is not a task message            ``reject`` (dead-lettered), a log line
 ========================================  =========================================
 
@@ -36,13 +40,14 @@ import asyncio
 import concurrent.futures.thread
 import contextlib
 import functools
+import importlib
 import inspect
 import logging
 import os
 import signal
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from traceback import format_exception
@@ -74,10 +79,11 @@ __all__ = [
     "RetryPolicy",
     "Settlement",
     "TaskMessage",
+    "TaskRegistry",
     "TaskWorker",
+    "UnregisteredTask",
     "error_of",
     "failed",
-    "load_task",
     "refused",
     "split_prefetch",
     "succeeded",
@@ -350,7 +356,7 @@ def failed(
 
 
 def unrunnable(attempt: Attempt, error: TaskErrorJSON) -> Ack:
-    """The settlement of a task that cannot run here (import failure): FAILED, no retry."""
+    """The settlement of a task that cannot run here (not registered): FAILED, no retry."""
     return Ack(attempt.outcome("FAILED", error=error))
 
 
@@ -402,25 +408,117 @@ def split_prefetch(concurrency: int, queues: int) -> list[int]:
 # -- loading tasks ------------------------------------------------------------------
 
 
-def load_task(path: str) -> Any:
-    """Import the ``django.tasks`` Task at module path ``path``.
+#: The Django setting that names task modules beyond the installed apps' ``tasks``.
+TASK_MODULES_SETTING = "LEASECAST_TASK_MODULES"
 
-    Raises:
-        ImportError: the module or the name cannot be imported.
-        TypeError: the name is not a Task.
-        Exception: whatever importing the task's module raised.
+
+class UnregisteredTask(LookupError):
+    """A message names a task that is not in the worker's registry (nothing was imported)."""
+
+
+class TaskRegistry:
+    """The ``django.tasks`` tasks a worker runs, by module path (protocol 1.2, Tasks).
+
+    Made once, at start: the worker imports the modules it is told of and
+    keeps every ``Task`` they hold, under the path a message names it by
+    (``task.module_path``, which :func:`gateway.tasks.task_message` writes). A
+    lookup never imports: a message naming anything else is refused.
+
+    Args:
+        tasks: module path -> task.
+        modules: the modules the tasks were collected from, in import order.
     """
-    from django.utils.module_loading import import_string
 
-    from gateway.tasks import Task
+    def __init__(self, tasks: Mapping[str, Any], modules: Sequence[str]) -> None:
+        self._tasks = dict(tasks)
+        self.modules = tuple(modules)
 
-    found = import_string(path)
-    if not isinstance(found, Task):
-        raise TypeError(
-            f"{path} is a {type(found).__module__}.{type(found).__qualname__}, not a "
-            "django.tasks Task (decorate the function with @task)"
-        )
-    return found
+    @classmethod
+    def of_modules(cls, names: Iterable[str]) -> TaskRegistry:
+        """Import the modules ``names`` and collect their tasks.
+
+        Raises:
+            Exception: whatever importing a module raised.
+        """
+        from gateway.tasks import Task
+
+        tasks: dict[str, Any] = {}
+        modules: list[str] = []
+        for name in dict.fromkeys(names):
+            module = importlib.import_module(name)
+            modules.append(name)
+            for value in vars(module).values():
+                if isinstance(value, Task):
+                    tasks[value.module_path] = value
+        return cls(tasks, modules)
+
+    @classmethod
+    def discover(cls) -> TaskRegistry:
+        """The registry of this project: the installed apps' ``tasks`` modules, then
+        those of ``LEASECAST_TASK_MODULES``.
+
+        Raises:
+            ImproperlyConfigured: the setting is not a list of module paths, or
+                one of the modules cannot be imported (the cause is chained).
+        """
+        from django.apps import apps
+        from django.conf import settings
+        from django.core.exceptions import ImproperlyConfigured
+        from django.utils.module_loading import module_has_submodule
+
+        listed = getattr(settings, TASK_MODULES_SETTING, None) or []
+        # A bare string (a common slip) is refused too, not read letter by letter.
+        if not isinstance(listed, list | tuple) or not all(
+            isinstance(name, str) and name for name in listed
+        ):
+            raise ImproperlyConfigured(
+                f"{TASK_MODULES_SETTING} must be a list of module paths "
+                f"(e.g. ['myapp.jobs']), got {listed!r}"
+            )
+        names = [
+            f"{app.name}.tasks"
+            for app in apps.get_app_configs()
+            if module_has_submodule(app.module, "tasks")
+        ]
+        registry = cls({}, [])
+        for name in [*names, *listed]:
+            try:
+                found = cls.of_modules([name])
+            except Exception as exc:
+                origin = f"listed in {TASK_MODULES_SETTING}" if name in listed else "an app's tasks"
+                raise ImproperlyConfigured(
+                    f"cannot import {name} ({origin}) for the task registry "
+                    f"(the worker imports the installed apps' tasks modules and "
+                    f"{TASK_MODULES_SETTING}): {type(exc).__name__}: {exc}"
+                ) from exc
+            registry = registry.merged(found)
+        return registry
+
+    def merged(self, other: TaskRegistry) -> TaskRegistry:
+        """This registry and ``other``'s tasks and modules."""
+        modules = [*self.modules, *(m for m in other.modules if m not in self.modules)]
+        return TaskRegistry({**self._tasks, **other._tasks}, modules)
+
+    def get(self, path: str) -> Any:
+        """The task a message names by ``path``.
+
+        Raises:
+            UnregisteredTask: no registered module holds it; nothing is imported.
+        """
+        found = self._tasks.get(path)
+        if found is None:
+            raise UnregisteredTask(
+                f"{path!r} is not a registered task of this worker: it runs only the "
+                "django.tasks tasks of the installed apps' tasks modules and of "
+                f"{TASK_MODULES_SETTING} (nothing was imported)"
+            )
+        return found
+
+    def __contains__(self, path: object) -> bool:
+        return path in self._tasks
+
+    def __len__(self) -> int:
+        return len(self._tasks)
 
 
 def context_for(task: Any, message: TaskMessage, attempt: Attempt) -> Any:
@@ -482,6 +580,8 @@ class TaskWorker:
         grace: seconds running tasks may take to finish after :meth:`stop`.
         policy: the retry backoff.
         worker_id: recorded with each attempt (default ``host:pid``).
+        registry: the tasks it runs (default :meth:`TaskRegistry.discover`,
+            which needs Django's settings).
         settings_ttl: seconds a queue's ``max_deliveries`` is cached.
         backoff_initial, backoff_max: reconnect backoff of the sockets.
     """
@@ -496,6 +596,7 @@ class TaskWorker:
         grace: float = DEFAULT_GRACE,
         policy: RetryPolicy = RetryPolicy(),
         worker_id: str | None = None,
+        registry: TaskRegistry | None = None,
         # -- the gateway
         settings_ttl: float = 60.0,
         backoff_initial: float = 0.1,
@@ -511,6 +612,7 @@ class TaskWorker:
         self.grace = grace
         self.policy = policy
         self.worker_id = worker_id or default_worker_id()
+        self.registry = registry if registry is not None else TaskRegistry.discover()
         self._token = token
         self._settings_ttl = settings_ttl
         self._backoff = (backoff_initial, backoff_max)
@@ -583,11 +685,13 @@ class TaskWorker:
             )
         ]
         log.info(
-            "worker %s: queues %s, concurrency %d, gateway %s",
+            "worker %s: queues %s, concurrency %d, gateway %s; %d task(s) registered from %s",
             self.worker_id,
             ", ".join(self.queues),
             self.concurrency,
             self.url,
+            len(self.registry),
+            ", ".join(self.registry.modules) or "no module",
         )
         consumers = [asyncio.create_task(self._consume(w)) for w in workers]
         stop_waiter: asyncio.Task[Any] = asyncio.create_task(stopping.wait())
@@ -712,15 +816,9 @@ class TaskWorker:
                 return None  # never started: the closing socket releases it
             attempt = Attempt(message.result_id, self.worker_id, time.time(), delivery.deliveries)
             try:
-                task = load_task(message.task_path)
-            except Exception as exc:
-                log.error(
-                    "task %s [%s] FAILED: cannot be imported: %s: %s",
-                    message.task_path,
-                    message.result_id,
-                    type(exc).__name__,
-                    exc,
-                )
+                task = self.registry.get(message.task_path)
+            except UnregisteredTask as exc:
+                log.error("task %s [%s] FAILED: %s", message.task_path, message.result_id, exc)
                 return unrunnable(attempt, error_of(exc))
             log.info(
                 "task %s [%s] started (queue %s, delivery %d)",

@@ -19,3 +19,5 @@ if os.environ.get("BENCH_TASK_BACKEND", "leasecast") == "db":
 else:
     # QUEUES empty: any queue name (each run uses a queue of its own).
     TASKS = {"default": {"BACKEND": "gateway.tasks.LeasecastBackend", "QUEUES": []}}
+    # The worker runs only registered tasks: the task is in jobs, no app's tasks module.
+    LEASECAST_TASK_MODULES = ["bench.tasksite.jobs"]

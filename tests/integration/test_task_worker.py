@@ -6,7 +6,10 @@ and reads results with ``get_result``, as a web process would) and workers
 (``tests.tasksite.settings``). A worker gets a token with ``consume`` scope
 only, and a ``DATABASE_URL`` that leads nowhere: it must run on the gateway
 alone. ``TASKSITE_WORKER`` makes ``tests.tasksite.unimportable`` fail to
-import in workers only.
+import in workers only, and ``TASKSITE_IMPORTED`` makes
+``tests.tasksite.side_effect`` write a file when a worker imports it: neither
+is in the workers' registry (protocol 1.2, Tasks: only registered tasks run),
+so neither may ever be imported there.
 """
 
 from __future__ import annotations
@@ -131,6 +134,8 @@ class Site:
     def __init__(self, gateway: GatewayProcess, admin: str, env: dict[str, str]) -> None:
         self.gateway = gateway
         self.admin = admin
+        #: written by ``tests.tasksite.side_effect`` if a worker ever imports it
+        self.imported = gateway.var_dir / "side-effect-imported"
         self.driver = Driver(env)
         consume = gateway.issue_token("consume:tw*", name="task-worker")
         self.worker_env = {
@@ -141,16 +146,19 @@ class Site:
             LEASECAST_URL=gateway.http,
             LEASECAST_TOKEN=consume,
             TASKSITE_WORKER="1",
+            TASKSITE_IMPORTED=str(self.imported),
             # Nothing listens there: a worker that touched the database would fail.
             DATABASE_URL="postgresql://nobody@127.0.0.1:9/nowhere",
         )
         self.workers: list[WorkerProcess] = []
 
-    def worker(self, *queues: str, concurrency: int = 1, grace: float = 30.0) -> WorkerProcess:
+    def worker(
+        self, *queues: str, concurrency: int = 1, grace: float = 30.0, **env: str
+    ) -> WorkerProcess:
         name = f"worker-{queues[0]}-{len(self.workers)}.log"
         args = [arg for queue in queues for arg in ("--queue", queue)]
         process = WorkerProcess(
-            self.worker_env,
+            {**self.worker_env, **env},
             self.gateway.var_dir / name,
             [*args, "--concurrency", str(concurrency), "--grace", str(grace)],
         )
@@ -236,10 +244,13 @@ def test_tasks_run_once_and_their_outcomes_are_recorded(tw: Site, tmp_path: Path
     assert not_json["errors"][-1]["exception_class_path"] == "builtins.TypeError"
     assert "not JSON" in not_json["errors"][-1]["traceback"]
 
+    # Not in the registry: FAILED at once, its module never imported (importing
+    # it would have raised "not installed on this worker").
     lost = results["lost"]
     assert (lost["status"], lost["attempts"], len(lost["errors"])) == ("FAILED", 1, 1)
-    assert lost["errors"][0]["exception_class_path"] == "builtins.ImportError"
-    assert "not installed on this worker" in lost["errors"][0]["traceback"]
+    assert lost["errors"][0]["exception_class_path"] == "gateway.task_worker.UnregisteredTask"
+    assert "not a registered task" in lost["errors"][0]["traceback"]
+    assert "not installed on this worker" not in lost["errors"][0]["traceback"]
 
     fail = results["fail"]
     assert (fail["status"], fail["attempts"], len(fail["errors"])) == ("FAILED", 3, 3)
@@ -259,6 +270,69 @@ def test_tasks_run_once_and_their_outcomes_are_recorded(tw: Site, tmp_path: Path
     assert "is not a task" in text
     assert text.count(f"{TASKS}.fail [{ids['fail']}] started") == 3
     assert worker.proc.poll() is None  # none of it stopped the worker
+
+
+def test_a_message_naming_an_unregistered_task_fails_and_imports_nothing(
+    tw: Site, tmp_path: Path
+) -> None:
+    """Only the registry runs: a message naming any other module is FAILED unimported.
+
+    ``side_effect.touch`` is a real task, enqueued through the backend (its
+    result is marked FAILED); ``this.nothing`` is a message a producer forged
+    (no result to record: it is acked, so it is not retried). Importing either
+    module would leave a trace: a file written, the Zen of Python printed.
+    """
+    q = unique("tw")
+    forged = "forged-" + unique("r")
+    status, _ = http(
+        "POST", f"{tw.gateway.http}/api/queues/{q}/messages", tw.admin,
+        {"messages": [{"body": {"task": "this.nothing", "id": forged}}]},
+    )  # fmt: skip
+    assert status == 200
+    touch = tw.driver.enqueue("tests.tasksite.side_effect.touch", q)
+    registered = tw.driver.enqueue("add", q, 20, 22, mark=str(tmp_path / "marks"))
+    worker = tw.worker(q)
+    touched, added = tw.driver.finished(touch, registered)
+
+    assert (touched["status"], touched["attempts"]) == ("FAILED", 1)
+    (error,) = touched["errors"]
+    assert error["exception_class_path"] == "gateway.task_worker.UnregisteredTask"
+    assert "'tests.tasksite.side_effect.touch' is not a registered task" in error["traceback"]
+    assert (added["status"], added["return_value"]) == ("SUCCESSFUL", 42)  # the registry runs
+
+    worker.wait_log(f"task this.nothing [{forged}] FAILED")
+    stats = eventually(
+        lambda: (s := tw.queue(q))["visible"] + s["in_flight"] == 0 and s, "every message ended"
+    )
+    assert stats["dead"] == 0  # failed and acked, not dead-lettered
+    assert not tw.imported.exists(), tw.imported.read_text()  # side_effect never imported
+    assert "Beautiful is better than ugly" not in worker.log_text()  # nor ``this``
+
+
+def test_the_task_modules_setting_adds_to_the_registry(tw: Site, tmp_path: Path) -> None:
+    """``LEASECAST_TASK_MODULES`` (here through ``TASKSITE_TASK_MODULES``) registers a
+    module that is no app's ``tasks``: imported once, at start, and its tasks run."""
+    q = unique("tw")
+    imported = tmp_path / "imported"
+    touch = tw.driver.enqueue("tests.tasksite.side_effect.touch", q)
+    worker = tw.worker(
+        q,
+        TASKSITE_TASK_MODULES="tests.tasksite.side_effect",
+        TASKSITE_IMPORTED=str(imported),
+    )
+    (result,) = tw.driver.finished(touch)
+    assert (result["status"], result["return_value"]) == ("SUCCESSFUL", "touched")
+    assert imported.read_text() == f"imported {worker.pid}\n"  # once, by the worker
+    assert "tests.tasksite.side_effect" in worker.log_text()  # named in the start line
+
+
+def test_a_task_module_that_cannot_be_imported_stops_the_worker_at_start(tw: Site) -> None:
+    worker = tw.worker(unique("tw"), TASKSITE_TASK_MODULES="tests.tasksite.unimportable")
+    assert worker.proc.wait(30) == 1
+    text = worker.log_text()
+    assert "CommandError: cannot import tests.tasksite.unimportable" in text, text
+    assert "LEASECAST_TASK_MODULES" in text and "not installed on this worker" in text
+    assert "Traceback" not in text  # one clear line, not a stack
 
 
 def test_priorities_are_respected(tw: Site, tmp_path: Path) -> None:

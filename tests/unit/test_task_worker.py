@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
 
 from gateway.client import Delivery
 from gateway.errors import ProtocolError, StaleReceipt, TooLarge
@@ -27,11 +31,12 @@ from gateway.task_worker import (
     Reject,
     RetryPolicy,
     TaskMessage,
+    TaskRegistry,
     TaskWorker,
+    UnregisteredTask,
     context_for,
     error_of,
     failed,
-    load_task,
     refused,
     split_prefetch,
     succeeded,
@@ -220,20 +225,72 @@ def test_a_value_that_is_not_json_fails_the_task_at_once_naming_the_type_error()
     assert "datetime" in outcome["error"]["traceback"]
 
 
-def test_a_task_that_cannot_be_imported_fails_without_retry() -> None:
-    with pytest.raises(ImportError) as caught:
-        load_task("tests.tasksite.no_such_module.task")
+# -- the registry
+
+#: The registry of the tests' workers: the tasks site's tasks module.
+REGISTRY = TaskRegistry.of_modules(["tests.tasksite.tasks"])
+
+
+def test_an_unregistered_task_fails_without_retry() -> None:
+    with pytest.raises(UnregisteredTask) as caught:
+        REGISTRY.get("tests.tasksite.no_such_module.task")
     settlement = unrunnable(ATTEMPT, error_of(caught.value))
     assert settlement.outcome["status"] == "FAILED"
-    assert "no_such_module" in settlement.outcome["error"]["traceback"]
+    error = settlement.outcome["error"]
+    assert error["exception_class_path"] == "gateway.task_worker.UnregisteredTask"
+    assert "'tests.tasksite.no_such_module.task' is not a registered task" in error["traceback"]
 
 
-def test_only_tasks_are_loaded() -> None:
-    assert load_task("tests.tasksite.tasks.add") is tasks.add
-    with pytest.raises(TypeError, match=r"not a django\.tasks Task"):
-        load_task("tests.tasksite.tasks.task_backend")
-    with pytest.raises(ImportError):
-        load_task("tests.tasksite.tasks.no_such_task")
+def test_only_the_tasks_of_registered_modules_are_found() -> None:
+    assert REGISTRY.get("tests.tasksite.tasks.add") is tasks.add
+    assert REGISTRY.get("tests.tasksite.tasks.gated") is tasks.gated
+    for path in (
+        "tests.tasksite.tasks.task_backend",  # in the module, not a task
+        "tests.tasksite.tasks.no_such_task",
+        "tests.tasksite.unimportable.lost",  # a task, in a module not registered
+    ):
+        with pytest.raises(UnregisteredTask):
+            REGISTRY.get(path)
+
+
+def test_looking_up_a_task_imports_nothing(tmp_path: Path, monkeypatch: Any) -> None:
+    """The defect: a message naming ``this.nothing`` printed the Zen of Python."""
+    imported = tmp_path / "imported"
+    monkeypatch.setenv("TASKSITE_IMPORTED", str(imported))
+    for module in ("this", "tests.tasksite.side_effect"):
+        assert module not in sys.modules
+        with pytest.raises(UnregisteredTask):
+            REGISTRY.get(f"{module}.nothing")
+        assert module not in sys.modules
+    assert not imported.exists()
+
+
+def test_the_registry_is_the_apps_tasks_modules_and_the_setting() -> None:
+    with override_settings(LEASECAST_TASK_MODULES=["tests.tasksite.tasks"]):
+        registry = TaskRegistry.discover()
+    # gateway is an installed app with a tasks module (the backend, no task in it).
+    assert "gateway.tasks" in registry.modules
+    assert registry.modules[-1] == "tests.tasksite.tasks"  # the setting's, after the apps'
+    assert registry.get("tests.tasksite.tasks.add") is tasks.add
+    assert "tests.tasksite.tasks.add" not in TaskRegistry.discover()  # the setting unset
+
+
+@pytest.mark.parametrize(
+    ("value", "detail"),
+    [
+        ("tests.tasksite.tasks", "a list of module paths"),
+        ([""], "a list of module paths"),
+        ([3], "a list of module paths"),
+        (["tests.tasksite.no_such_module"], "cannot import tests.tasksite.no_such_module"),
+    ],
+)
+def test_a_bad_task_modules_setting_is_a_clear_error(value: Any, detail: str) -> None:
+    with (
+        override_settings(LEASECAST_TASK_MODULES=value),
+        pytest.raises(ImproperlyConfigured, match="LEASECAST_TASK_MODULES") as caught,
+    ):
+        TaskRegistry.discover()
+    assert detail in str(caught.value)
 
 
 def test_a_refused_success_becomes_failed_then_a_reject() -> None:
@@ -324,7 +381,14 @@ class FixedLimitWorker(TaskWorker):
     """A worker whose queues' ``max_deliveries`` is given, not read from a gateway."""
 
     def __init__(self, limit: int | None = 3, **kwargs: Any) -> None:
-        super().__init__("http://127.0.0.1:9", token="t", queues=["q"], worker_id="w:1", **kwargs)
+        super().__init__(
+            "http://127.0.0.1:9",
+            token="t",
+            queues=["q"],
+            worker_id="w:1",
+            registry=REGISTRY,
+            **kwargs,
+        )
         self.limit = limit
 
     async def max_deliveries(self, queue: str) -> int | None:
@@ -383,12 +447,15 @@ async def test_an_unknown_limit_retries() -> None:
     assert call[0] == "nack"
 
 
-async def test_an_import_failure_fails_at_once() -> None:
-    message = {**body("add"), "task": "tests.tasksite.unknown.add"}
-    op, outcome = await handled(RecordingDelivery(message), FixedLimitWorker(limit=10))
-    assert op == "ack" and outcome["status"] == "FAILED"
-    assert outcome["error"]["exception_class_path"].endswith("Error")
-    assert "tests.tasksite.unknown" in outcome["error"]["traceback"]
+async def test_an_unregistered_task_fails_at_once_and_is_not_imported() -> None:
+    for path in ("tests.tasksite.unknown.add", "this.nothing", "tests.tasksite.unimportable.lost"):
+        message = {**body("add"), "task": path}
+        op, outcome = await handled(RecordingDelivery(message), FixedLimitWorker(limit=10))
+        assert op == "ack" and outcome["status"] == "FAILED"
+        error = outcome["error"]
+        assert error["exception_class_path"] == "gateway.task_worker.UnregisteredTask"
+        assert f"{path!r} is not a registered task" in error["traceback"]
+    assert "this" not in sys.modules
 
 
 async def test_a_body_that_is_not_a_task_is_rejected() -> None:

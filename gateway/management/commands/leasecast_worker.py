@@ -10,7 +10,10 @@ docs/tasks.md, The worker). The gateway and the token come from the options,
 else ``LEASECAST_URL`` / ``LEASECAST_TOKEN`` in the Django settings or the
 environment. Without ``--queue`` it consumes every queue named in the
 ``QUEUES`` of the project's ``LeasecastBackend`` entries of ``TASKS``, else
-``default``. SIGTERM or SIGINT stops it gracefully (exit 0).
+``default``. It runs only the tasks of the installed apps' ``tasks`` modules
+and of the ``LEASECAST_TASK_MODULES`` setting (:class:`~gateway.task_worker.TaskRegistry`);
+one of those that cannot be imported stops it at start. SIGTERM or SIGINT
+stops it gracefully (exit 0).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import sys
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from gateway.errors import LeasecastError
@@ -104,13 +108,16 @@ class Command(BaseCommand):
             if NAME_RE.fullmatch(queue) is None:
                 raise CommandError(f"{queue!r} is not a queue name (1-200 of [A-Za-z0-9._-])")
         _log_to_console(options["verbosity"])
-        worker = TaskWorker(
-            url,
-            token=token,
-            queues=queues,
-            concurrency=options["concurrency"],
-            grace=options["grace"],
-        )
+        try:
+            worker = TaskWorker(
+                url,
+                token=token,
+                queues=queues,
+                concurrency=options["concurrency"],
+                grace=options["grace"],
+            )
+        except ImproperlyConfigured as exc:  # the task registry's modules
+            raise CommandError(str(exc)) from exc
         try:
             asyncio.run(worker.run())
         except LeasecastError as exc:
