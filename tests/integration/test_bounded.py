@@ -1,7 +1,7 @@
 """Work queue 1.1: bounded queues and queue settings over HTTP (PATCH).
 
-PROTOCOL.md, "Work queue: bounded queues" and "Queue settings and message
-browsing over HTTP". ``max_length`` counts visible and delayed messages, not
+docs/protocol.md, "Work queue 1.1" (bounded queues, settings and browsing
+over HTTP). ``max_length`` counts visible and delayed messages, not
 those in flight; ``overflow`` is ``drop_newest`` (refused with
 ``backpressure``, HTTP 429, nothing applied, a batch refused whole),
 ``drop_oldest`` (the oldest visible dead-lettered with reason ``overflow``)

@@ -4,7 +4,7 @@ Random and malformed frames on every socket kind (worker, subscriber,
 producer, dashboard) of one real daphne process, while a producer, a worker
 and a subscriber of the same process carry ordinary traffic next to them.
 
-For every frame sent, the test checks what ``PROTOCOL.md`` (Conventions,
+For every frame sent, the test checks what docs/protocol.md (Conventions,
 Errors) promises: exactly one reply (``error`` with the right code, or the
 success reply; none for a valid ``credit``), the frame's ``ref`` echoed when
 it is a string or a number, the socket still usable afterwards (except the

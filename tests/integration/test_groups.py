@@ -1,6 +1,6 @@
 """Work queue 1.1: ordering groups and priority, against a real gateway and real sockets.
 
-PROTOCOL.md, "Work queue: groups, priority, expiry": messages of one group are
+docs/protocol.md, "Work queue 1.1": messages of one group are
 delivered one at a time in enqueue order; a message of a group is not leased
 while an earlier one of the group is still in the queue (visible, delayed or
 in flight); acking or dead-lettering it lets the next go; different groups go

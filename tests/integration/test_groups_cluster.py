@@ -1,7 +1,7 @@
 """Work queue 1.1 groups across gateway processes sharing one PostgreSQL database.
 
-PROTOCOL.md: "one at a time, in enqueue order ... This holds across gateway
-processes sharing one database." Workers on two processes lease the same
+docs/protocol.md, "Work queue 1.1": one at a time, in enqueue order, and
+the rule holds across gateway processes sharing a database. Workers on two processes lease the same
 groups concurrently; a process killed with ``kill -9`` while holding a group's
 message holds the group only until the lease's visibility timeout.
 """

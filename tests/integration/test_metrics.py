@@ -1,4 +1,4 @@
-"""``GET /metrics`` on real gateway processes (PROTOCOL.md 1.1: Metrics).
+"""``GET /metrics`` on real gateway processes (docs/operations.md, Metrics).
 
 Every path that enqueues moves ``leasecast_queue_enqueued_total`` (socket
 ``enqueue`` and ``enqueue_many``, HTTP, an ack's follow-ups, staged commits,

@@ -1,6 +1,6 @@
 """Signed connection tokens and token lifetime against live gateways (issue 11, item 1).
 
-PROTOCOL.md 1.1, "Signed connection tokens and token lifetime":
+docs/protocol.md, "Signed tokens and token lifetime (1.1)":
 
 - a JWT (HS256, ``GATEWAY_SIGNING_KEY``) of a non-staff ``sub`` is accepted
   wherever a stored token is (header or ``?token=``, sockets and HTTP), within

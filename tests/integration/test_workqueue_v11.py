@@ -1,7 +1,7 @@
 """Work queue 1.1: expiry (ttl), message browsing, per-message requeue and delete,
 bad input for the new fields, and the new fields on every enqueue path.
 
-Written from PROTOCOL.md ("Version 1.1 additions"), against a real gateway and
+Written from docs/protocol.md ("Work queue 1.1"), against a real gateway and
 real sockets, on SQLite and on PostgreSQL (conftest.py). Groups and priority:
 test_groups.py and test_groups_cluster.py; bounded queues and PATCH:
 test_bounded.py.

@@ -1,7 +1,7 @@
 """Helpers of the work queue 1.1 tests (groups, priority, ttl, bounded queues, browsing).
 
-Everything here speaks the wire contract (PROTOCOL.md, "Version 1.1
-additions") to a real gateway: sockets and HTTP only, no store internals.
+Everything here speaks the wire contract (docs/protocol.md, "Work queue
+1.1") to a real gateway: sockets and HTTP only, no store internals.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def deployment(kind: str, request: pytest.FixtureRequest) -> Deployment:
     return found
 
 
-#: Every field of a browsed message (PROTOCOL.md 1.1: message browsing).
+#: Every field of a browsed message (docs/protocol.md, Work queue 1.1: browsing).
 BROWSE_FIELDS = {
     "id",
     "state",

@@ -2,7 +2,7 @@
 
 :class:`TopicGateway` extends the worker tests' :class:`FakeGateway` (a real
 ``websockets`` server on 127.0.0.1) with ``/ws/topics/TOPIC/``: a credit
-window per socket and ``messages`` frames, as PROTOCOL.md describes them, plus
+window per socket and ``messages`` frames, as docs/protocol.md describes them, plus
 switches to close sockets with a given code, and (``history=N``) protocol
 1.1 topic history: offsets, an epoch, ``recover=latest`` and
 ``since``/``epoch`` resume with their ``subscribed`` frames. The integration tests

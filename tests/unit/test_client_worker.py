@@ -56,7 +56,7 @@ class Msg:
 
 
 class FakeGateway:
-    """Enough of PROTOCOL.md, in memory, to exercise the client over real sockets.
+    """Enough of docs/protocol.md, in memory, to exercise the client over real sockets.
 
     Args:
         batch_op: whether ``enqueue_many`` is known (False: a v1-only gateway).

@@ -37,7 +37,7 @@ by row against it, so that:
 - an operation with a stale receipt answers ``stale_receipt`` and changes
   nothing (no row, no key);
 - a message disappears only through an ack, a purge or a delete;
-- idempotency keys behave as PROTOCOL.md says: a key seen in the same queue
+- idempotency keys behave as docs/protocol.md says: a key seen in the same queue
   within ``dedup_window`` (queued, in flight, acked or purged) enqueues
   nothing and answers the first message's id; a duplicate never counts
   against ``max_length``;
