@@ -11,7 +11,7 @@
 
 **In process** (Leasecast is in ``INSTALLED_APPS``): the message is written
 through the caller's own database connection, inside the caller's
-transaction, so it commits or rolls back with the caller's rows (DESIGN
+transaction, so it commits or rolls back with the caller's rows (design
 decision 12). Outside a transaction it commits at once. The gateways are
 woken after the commit, never by polling (``gateway.store.on_django``).
 
