@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import re
 from collections.abc import Awaitable, Callable
@@ -10,6 +11,7 @@ from typing import Any
 
 import orjson
 from channels.db import database_sync_to_async
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
@@ -57,7 +59,9 @@ __all__ = [
     "healthz",
     "message_detail",
     "message_requeue",
+    "not_found",
     "queue_detail",
+    "queue_list",
     "queue_messages",
     "queue_purge",
     "queue_redrive",
@@ -138,14 +142,21 @@ def api(*methods: str) -> Callable[[View], View]:
                 # every endpoint is 401 (tests/integration/test_access.py).
                 principal = await _principal(request)
                 if request.method not in methods:
-                    return JsonResponse(
-                        {"error": "bad_frame", "detail": f"use {' or '.join(methods)}"},
+                    # protocol 1.2: every answer under /api/ is JSON, this one too
+                    response = JsonResponse(
+                        {"error": "invalid", "detail": f"use {' or '.join(methods)}"},
                         status=405,
                     )
+                    response["Allow"] = ", ".join(methods)
+                    return response
                 _charge(principal, 1)
                 return await view(request, principal, *args, **kwargs)
             except ProtocolError as exc:
                 return error_response(exc)
+            except RequestDataTooBig:
+                # Django's own cap (DATA_UPLOAD_MAX_MEMORY_SIZE) would answer an
+                # HTML 400 and log a traceback: the client sent too much, say so.
+                return error_response(TooLarge("the request body is over the request limit"))
 
         return wrapped
 
@@ -217,6 +228,31 @@ async def healthz(request: HttpRequest) -> HttpResponse:
     return _json({"status": "ok"})
 
 
+@csrf_exempt
+async def not_found(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    """404 ``not_found`` in JSON for a URL under the API that names no endpoint.
+
+    Without authentication: it says only that the URL means nothing.
+    """
+    return error_response(NotFound(f"no API endpoint at {request.path[:200]!r}"))
+
+
+def _may_see(principal: Principal, queue: str) -> bool:
+    """Whether ``principal`` may read ``queue``'s counts (``GET /api/queues/QUEUE``)."""
+    return principal.allows("enqueue", queue) or principal.allows("consume", queue)
+
+
+@api("GET")
+async def queue_list(request: HttpRequest, principal: Principal) -> HttpResponse:
+    """``{"queues": [QUEUE DOCUMENT, ...]}``: every queue the caller may read, by name.
+
+    An ``admin`` sees every queue; any other principal the queues its
+    ``enqueue`` or ``consume`` scopes match (each as ``GET /api/queues/QUEUE``).
+    """
+    queues = await current_runtime().engine.call(AllStats())
+    return _json({"queues": [q.as_json() for q in queues if _may_see(principal, q.name)]})
+
+
 @api("POST", "GET")
 async def queue_messages(request: HttpRequest, principal: Principal, queue: str) -> HttpResponse:
     """POST: enqueue a batch, all or nothing. GET: browse (protocol 1.1)."""
@@ -245,7 +281,7 @@ async def queue_detail(request: HttpRequest, principal: Principal, queue: str) -
         stats = await engine.call(Configure(queue, changes))
         await _audit(principal, queue, f"Changed settings: {orjson.dumps(changes).decode()}.")
         return _json(stats.as_json())
-    if not principal.allows("enqueue", queue):
+    if not _may_see(principal, queue):
         principal.require("consume", queue)
     return _json((await engine.call(Stats(queue))).as_json())
 
@@ -253,14 +289,26 @@ async def queue_detail(request: HttpRequest, principal: Principal, queue: str) -
 _BROWSE_STATES: tuple[BrowseState, ...] = ("visible", "delayed", "in_flight", "dead")
 
 
+#: A number in a path or query: ASCII digits only (``int()`` also takes " 7",
+#: "1_000" and other scripts' digits, and ``str.isdigit()`` takes "²"), short
+#: enough that ``int()`` never works hard on it.
+_DIGITS = re.compile(r"-?[0-9]{1,19}")
+#: Largest number a path or query takes: the store's 64-bit integers.
+_I64_MAX = 2**63 - 1
+
+
+def _number(raw: str, name: str, low: int, high: int) -> int:
+    """``raw`` as an integer in ``low..high``, else 400 ``invalid`` naming ``name``."""
+    if _DIGITS.fullmatch(raw) is None or not low <= (value := int(raw)) <= high:
+        raise Invalid(f"{name} must be an integer {low}..{high}, got {raw[:40]!r}")
+    return value
+
+
 def _query_int(request: HttpRequest, name: str, default: int | None) -> int | None:
     raw = request.GET.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise Invalid(f"{name} must be an integer, got {raw[:40]!r}") from None
+    return _number(raw, name, -_I64_MAX, _I64_MAX)
 
 
 def _condition(request: HttpRequest) -> MessageCondition | None:
@@ -309,9 +357,8 @@ async def _browse(request: HttpRequest, principal: Principal, queue: str) -> Htt
 
 
 def _message_id(msg_id: str) -> int:
-    if not msg_id.isdigit() or len(msg_id) > 18:
-        raise NotFound(f"no message {msg_id[:40]!r}")
-    return int(msg_id)
+    """A message id from the path: 400 ``invalid`` unless it is one (then maybe 404)."""
+    return _number(msg_id, "a message id", 0, _I64_MAX)
 
 
 @api("POST")
@@ -437,18 +484,42 @@ def _check_txn(txn: str) -> str:
     return txn
 
 
+#: Partition numbers: the store keeps them in a 32-bit column.
+_MAX_PARTITION = 2**31 - 1
+
+
+def _owner(principal: Principal) -> str:
+    """Who owns the transactions ``principal`` stages into (protocol 1.2: General):
+    the signed token's subject, the stored token, or the staff user."""
+    if principal.subject is not None:
+        subject = principal.subject
+        if len(subject) > 200:  # the column is bounded; a digest names it as well
+            subject = "sha256:" + hashlib.sha256(subject.encode()).hexdigest()
+        return f"sub:{subject}"
+    if principal.token_id is not None:
+        return f"token:{principal.token_id}"
+    if principal.user_id is not None:
+        return f"user:{principal.user_id}"
+    return f"name:{principal.name[:200]}"
+
+
 @api("PUT")
 async def txn_partition(
-    request: HttpRequest, principal: Principal, txn: str, partition: int
+    request: HttpRequest, principal: Principal, txn: str, partition: str
 ) -> HttpResponse:
-    """Stage one partition of a transaction, replacing what it staged before (docs/protocol.md)."""
+    """Stage one partition of a transaction, replacing what it staged before (docs/protocol.md).
+
+    The first principal to stage into ``txn`` owns it; any other is ``forbidden``.
+    """
     _check_txn(txn)
+    number = _number(partition, "partition", 0, _MAX_PARTITION)
     data = _body(request)
     queue = check_name(data.get("queue"))
     principal.require("enqueue", queue)
     specs = _messages(data, allow_empty=True)  # a partition may stage nothing
     _charge(principal, len(specs) - 1)  # the request paid for one
-    result = await current_runtime().engine.call(Stage(txn, partition, queue, specs))
+    op = Stage(txn, number, queue, specs, _owner(principal))
+    result = await current_runtime().engine.call(op)
     return _json({"staged": result.messages, "state": result.state, "already": result.already})
 
 
@@ -468,26 +539,28 @@ def _commit_partitions(request: HttpRequest) -> frozenset[int] | None:
         isinstance(p, int) and not isinstance(p, bool) for p in partitions
     ):
         raise BadFrame("field 'partitions' must be a list of integers")
-    if any(p < 0 for p in partitions):
-        raise Invalid("partition numbers are >= 0")
+    if any(not 0 <= p <= _MAX_PARTITION for p in partitions):
+        raise Invalid(f"partition numbers are 0..{_MAX_PARTITION}")
     return frozenset(partitions)
 
 
 @api("POST")
 async def txn_commit(request: HttpRequest, principal: Principal, txn: str) -> HttpResponse:
-    """Make everything staged under ``txn`` visible at once; idempotent."""
+    """Make everything staged under ``txn`` visible at once; idempotent. Its owner only."""
     _check_txn(txn)
     _may_enqueue_somewhere(principal)
-    result = await current_runtime().engine.call(CommitTxn(txn, _commit_partitions(request)))
+    op = CommitTxn(txn, _commit_partitions(request), _owner(principal))
+    result = await current_runtime().engine.call(op)
     return _json({"committed": result.messages, "already": result.already})
 
 
 @api("POST")
 async def txn_abort(request: HttpRequest, principal: Principal, txn: str) -> HttpResponse:
-    """Discard what is staged under ``txn``."""
+    """Discard what is staged under ``txn``. Its owner only, or an ``admin``."""
     _check_txn(txn)
     _may_enqueue_somewhere(principal)
-    result = await current_runtime().engine.call(AbortTxn(txn))
+    op = AbortTxn(txn, _owner(principal), any_owner=principal.is_admin)
+    result = await current_runtime().engine.call(op)
     return _json({"aborted": result.messages, "already": result.already})
 
 

@@ -15,7 +15,7 @@ protocol fixes the paths: clients call ``/api/queues/...``)::
 
 from __future__ import annotations
 
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, re_path
 
 from consumers import http
 from consumers import metrics as metrics_views
@@ -28,6 +28,7 @@ api_urlpatterns: list[URLPattern] = [
     path("healthz", http.healthz),
     path("api/stats", http.stats),  # type: ignore[arg-type]
     path("metrics", metrics_views.metrics),
+    path("api/queues", http.queue_list),  # type: ignore[arg-type]
     path("api/queues/<str:queue>", http.queue_detail),  # type: ignore[arg-type]
     path("api/queues/<str:queue>/messages", http.queue_messages),  # type: ignore[arg-type]
     path(
@@ -44,11 +45,20 @@ api_urlpatterns: list[URLPattern] = [
     path("api/topics/<str:topic>/messages", http.topic_messages),  # type: ignore[arg-type]
     path("api/topics/<str:topic>/history", http.topic_history),  # type: ignore[arg-type]
     path(
-        "api/transactions/<str:txn>/partitions/<int:partition>",
+        # str, not int: the view answers 400 for a partition that is no number
+        "api/transactions/<str:txn>/partitions/<str:partition>",
         http.txn_partition,  # type: ignore[arg-type]
     ),
     path("api/transactions/<str:txn>/commit", http.txn_commit),  # type: ignore[arg-type]
     path("api/transactions/<str:txn>/abort", http.txn_abort),  # type: ignore[arg-type]
+    # Last: any other URL under Leasecast's own API prefixes answers a JSON 404
+    # (protocol 1.2: every answer under /api/ is JSON). Only these prefixes: the
+    # rest of /api/ may belong to the project that includes these routes. The
+    # standalone service answers JSON for all of /api/ (gateway.urls).
+    re_path(
+        r"^api/(?:queues|topics|transactions|stats)(?:/|$)",
+        http.not_found,
+    ),
 ]
 
 dashboard_urlpatterns: list[URLPattern] = [

@@ -62,7 +62,8 @@ class TopicSettings:
                 ``PATCH /api/topics/TOPIC`` body.
 
         Raises:
-            BadFrame: an unknown setting, or a value of the wrong JSON type.
+            BadFrame: a value of the wrong JSON type.
+            Invalid: an unknown setting (the detail lists the known ones).
             Invalid: a value out of range; nothing is changed.
         """
         values: dict[str, object] = {}
@@ -72,7 +73,7 @@ class TopicSettings:
             elif name == "history_ttl":
                 values[name] = _check_ttl(value)
             else:
-                raise BadFrame(
+                raise Invalid(
                     f"unknown topic setting {name[:40]!r}; known: history_size, history_ttl"
                 )
         return replace(self, **values)  # type: ignore[arg-type]

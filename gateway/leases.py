@@ -125,7 +125,8 @@ class QueueSettings:
                 ``PATCH /api/queues/QUEUE`` body) or from command-line options.
 
         Raises:
-            BadFrame: an unknown setting, or a value of the wrong JSON type.
+            BadFrame: a value of the wrong JSON type.
+            Invalid: an unknown setting (the detail lists the known ones).
             Invalid: a value out of range; nothing is changed.
         """
         values: dict[str, object] = {}
@@ -133,7 +134,7 @@ class QueueSettings:
             check = _SETTING_CHECKS.get(name)
             if check is None:
                 known = ", ".join(_SETTING_CHECKS)
-                raise BadFrame(f"unknown queue setting {name[:40]!r}; known: {known}")
+                raise Invalid(f"unknown queue setting {name[:40]!r}; known: {known}")
             values[name] = check(value)
         return replace(self, **values)  # type: ignore[arg-type]
 

@@ -236,14 +236,19 @@ class StagedMessage(models.Model):
 
 
 class Transaction(models.Model):
-    """A committed or aborted staging transaction, remembered so a replay changes nothing."""
+    """A staging transaction: open, with its owner; then committed or aborted, remembered
+    so a replay changes nothing."""
 
     name = models.CharField(max_length=200, unique=True)
     state = models.CharField(
-        max_length=10, choices=[("committed", "committed"), ("aborted", "aborted")]
+        max_length=10,
+        choices=[("open", "open"), ("committed", "committed"), ("aborted", "aborted")],
     )
     messages = models.IntegerField(default=0)
-    finished_at = models.FloatField(default=_now)
+    finished_at = models.FloatField(default=_now)  # while open: when it was opened
+    #: the principal that first staged into it, the only one that may stage,
+    #: commit or abort it (gateway.store.staging); null: finished before owners were kept
+    owner = models.CharField(max_length=300, null=True, blank=True)
 
     class Meta:
         db_table = "leasecast_transaction"

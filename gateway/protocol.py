@@ -26,6 +26,8 @@ from gateway.leases import MAX_TIMEOUT
 
 __all__ = [
     "ACKED",
+    "ENQUEUE_FIELDS",
+    "FOLLOW_UP_FIELDS",
     "MAX_BATCH",
     "MAX_DELAY",
     "MAX_GROUP_LENGTH",
@@ -33,6 +35,7 @@ __all__ = [
     "MAX_PRIORITY",
     "MAX_TIMEOUT",
     "MAX_TTL",
+    "MESSAGE_FIELDS",
     "NAME_RE",
     "REFRESH_OP",
     "AckFrame",
@@ -61,6 +64,7 @@ __all__ = [
     "parse_enqueue_spec",
     "parse_frame",
     "parse_refresh",
+    "unknown_fields",
 ]
 
 Ref: TypeAlias = str | int | float | None
@@ -343,30 +347,91 @@ def _read_body(obj: dict[str, Any], limits: Limits) -> bytes:
     return bytes(memoryview(body_json))
 
 
-def parse_enqueue_spec(obj: object, limits: Limits) -> EnqueueSpec:
-    """Validate one message of an ENQUEUE frame or of an HTTP ``messages`` list."""
+#: The fields of one message: an ``enqueue_many`` item, an HTTP item, a staged
+#: message. Any other field is ``invalid`` (protocol 1.2: General): a typo such
+#: as ``dealy`` would otherwise enqueue the message without its delay.
+MESSAGE_FIELDS = frozenset({"body", "key", "delay", "group", "priority", "ttl"})
+#: The fields of an ack's follow-up message: a message and its queue.
+FOLLOW_UP_FIELDS = MESSAGE_FIELDS | {"queue"}
+#: The fields of an ENQUEUE frame.
+ENQUEUE_FIELDS = MESSAGE_FIELDS | {"op", "queue", "ref"}
+
+
+def unknown_fields(obj: dict[str, Any], known: frozenset[str], what: str) -> Invalid:
+    """The ``invalid`` error for a document with fields outside ``known``.
+
+    Call it only when ``obj`` has a field outside ``known``.
+    """
+    unknown = sorted(obj.keys() - known)
+    names = ", ".join(repr(name[:40]) for name in unknown[:5])
+    plural = "s" if len(unknown) > 1 else ""
+    return Invalid(
+        f"unknown {what} field{plural} {names}; known fields: {', '.join(sorted(known))}"
+    )
+
+
+def parse_enqueue_spec(
+    obj: object,
+    limits: Limits,
+    *,
+    known: frozenset[str] = MESSAGE_FIELDS,
+    others: int = 0,
+) -> EnqueueSpec:
+    """Validate one message of an ENQUEUE frame, an HTTP ``messages`` list, an
+    ``enqueue_many`` frame, an ack's follow-ups or a staged partition.
+
+    Args:
+        obj: the decoded message.
+        limits: size limits.
+        known: every field ``obj`` may hold (``MESSAGE_FIELDS`` for a list item).
+        others: how many fields outside ``MESSAGE_FIELDS`` the caller found in
+            ``obj`` (an ENQUEUE frame's ``op``, ``ref`` and ``queue``).
+
+    Raises:
+        BadFrame: not an object, a field of the wrong type, no ``body``.
+        Invalid: a value out of range, or a field outside ``known``.
+        TooLarge: the body is over the limit.
+    """
     if not isinstance(obj, dict):
         raise BadFrame("a message must be a JSON object")
-    key = obj.get("key")
-    if key is not None:
-        if not isinstance(key, str):
-            raise BadFrame("field 'key' must be a string")
-        if not 1 <= len(key) <= MAX_KEY_LENGTH:
-            raise Invalid(f"key must be 1-{MAX_KEY_LENGTH} characters")
-        if "\x00" in key:
-            # PostgreSQL cannot store U+0000 in text: refused here, the same
-            # on every backend, rather than failing in the store.
-            raise Invalid("key must not contain U+0000")
+    # Fields are counted as they are read: the set difference that names an
+    # unknown field runs only when the count falls short of the object's size,
+    # so a well-formed message pays a few dict lookups for the check.
+    present = others + 1  # body: _read_body refuses a message without it
+    key = None
+    if "key" in obj:
+        present += 1
+        key = obj["key"]
+        if key is not None:
+            if not isinstance(key, str):
+                raise BadFrame("field 'key' must be a string")
+            if not 1 <= len(key) <= MAX_KEY_LENGTH:
+                raise Invalid(f"key must be 1-{MAX_KEY_LENGTH} characters")
+            if "\x00" in key:
+                # PostgreSQL cannot store U+0000 in text: refused here, the same
+                # on every backend, rather than failing in the store.
+                raise Invalid("key must not contain U+0000")
     # The protocol 1.1 fields are read only when present: most messages have
     # none of them, and each reader costs a call on the hot path.
-    return EnqueueSpec(
-        body_json=_read_body(obj, limits),
-        key=key,
-        delay=_read_delay(obj) if "delay" in obj else 0.0,
-        group=_read_group(obj) if "group" in obj else None,
-        priority=_read_priority(obj) if "priority" in obj else 0,
-        ttl=_read_ttl(obj) if "ttl" in obj else None,
-    )
+    delay = 0.0
+    if "delay" in obj:
+        present += 1
+        delay = _read_delay(obj)
+    group = None
+    if "group" in obj:
+        present += 1
+        group = _read_group(obj)
+    priority = 0
+    if "priority" in obj:
+        present += 1
+        priority = _read_priority(obj)
+    ttl = None
+    if "ttl" in obj:
+        present += 1
+        ttl = _read_ttl(obj)
+    if len(obj) > present:
+        raise unknown_fields(obj, known, "message")
+    return EnqueueSpec(_read_body(obj, limits), key, delay, group, priority, ttl)
 
 
 def _read_group(obj: dict[str, Any]) -> str | None:
@@ -467,7 +532,10 @@ def parse_frame(obj: dict[str, Any], allowed: frozenset[str], limits: Limits) ->
     if ref is not None and read_ref(obj) is None:
         raise BadFrame("field 'ref' must be a string or a number")
     if op == "enqueue":
-        return EnqueueFrame(_read_queue(obj), parse_enqueue_spec(obj, limits), ref)
+        # op is there; ref and queue are counted so that a typo beside them is found
+        others = 1 + ("ref" in obj) + ("queue" in obj)
+        spec = parse_enqueue_spec(obj, limits, known=ENQUEUE_FIELDS, others=others)
+        return EnqueueFrame(_read_queue(obj), spec, ref)
     if op == "ack":
         return AckFrame(
             _read_str(obj, "receipt"),
@@ -589,7 +657,9 @@ def _read_follow_ups(
         if not isinstance(item, dict):
             raise BadFrame(f"enqueue[{index}] must be an object")
         try:
-            follow_ups.append((_read_queue(item), parse_enqueue_spec(item, limits)))
+            others = 1 if "queue" in item else 0
+            spec = parse_enqueue_spec(item, limits, known=FOLLOW_UP_FIELDS, others=others)
+            follow_ups.append((_read_queue(item), spec))
         except (BadFrame, Invalid, TooLarge) as exc:
             raise type(exc)(f"enqueue[{index}]: {exc.detail}") from exc
     return tuple(follow_ups)

@@ -7,11 +7,14 @@ that installs Leasecast includes beside its own admin.
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import path
+from django.urls import path, re_path
 
+from consumers import http
 from gateway import api_urls
 
 urlpatterns = [
     *api_urls.urlpatterns,
     path("admin/", admin.site.urls),
+    # All of /api/ is the gateway's here: an unknown URL is a JSON 404 too.
+    re_path(r"^api/", http.not_found),
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
 from gateway.errors import ProtocolError
@@ -172,6 +173,7 @@ class BrowsedMessage:
             "body": orjson.Fragment(self.body_json),
             "deliveries": self.deliveries,
             "enqueued_at": self.enqueued_at,
+            "enqueued_at_iso": iso_utc(self.enqueued_at),
             "group": self.group,
             "priority": self.priority,
             "dead_reason": self.dead_reason,
@@ -179,7 +181,18 @@ class BrowsedMessage:
             "key": self.key,
             "expires_in": self.expires_in,
             "visible_at": self.visible_at,
+            "visible_at_iso": iso_utc(self.visible_at),
         }
+
+
+def iso_utc(seconds: float) -> str | None:
+    """Unix seconds as ISO 8601 in UTC to the millisecond, ``Z`` for the zone
+    (``2026-11-26T03:00:00.250Z``); None if no calendar date has them."""
+    try:
+        moment = datetime.fromtimestamp(seconds, UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+    return moment.isoformat(timespec="milliseconds").removesuffix("+00:00") + "Z"
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,6 +378,9 @@ class Stage(Returns[TxnResult]):
     partition: int
     queue: str
     messages: Sequence[EnqueueSpec]
+    #: who stages (a stored token, a signed token's subject, a user): the first
+    #: to touch the name owns it; None (in-process callers) skips the check
+    owner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,6 +394,8 @@ class CommitTxn(Returns[TxnResult]):
 
     txn: str
     partitions: frozenset[int] | None = None
+    #: who commits: only the transaction's owner may (None skips the check)
+    owner: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,6 +403,10 @@ class AbortTxn(Returns[TxnResult]):
     """Discard what is staged under ``txn``."""
 
     txn: str
+    #: who aborts: only the transaction's owner may (None skips the check)
+    owner: str | None = None
+    #: an ``admin`` token: may abort any transaction
+    any_owner: bool = False
 
 
 Op: TypeAlias = (

@@ -8,9 +8,19 @@ plain enqueues become one multi-row INSERT and consecutive plain acks one
 DELETE, so the number of statements does not grow with the number of messages.
 
 Business refusals (a stale receipt, an unknown queue, a full queue) are
-returned as that operation's result and change nothing; any other failure
-rolls the whole batch back, and :meth:`Store.run` then retries the operations
-one by one so that a single poisoned operation cannot fail its neighbours.
+returned as that operation's result and change nothing. One operation's
+failure never fails the others of its batch:
+
+- an operator or transaction op (the HTTP API's: settings, browse, requeue,
+  purge, stage, commit...) runs under a savepoint of its own; if it fails,
+  only it is undone and answered ``unavailable``, and the batch goes on, so
+  its neighbours are neither failed nor run again;
+- the hot ops (enqueues, lease rounds, acks: typed and checked before they
+  reach the store, so only the database itself fails them) run without one,
+  a savepoint being a round trip on PostgreSQL. If one fails, the batch is
+  rolled back and run again in order without losing anyone's op: the ops
+  before the failing one as one batch, the failing statement's ops one by
+  one, the ops after it as one batch.
 """
 
 from __future__ import annotations
@@ -50,7 +60,7 @@ from gateway.store.ops import (
     Stage,
     Stats,
 )
-from gateway.store.txn import QueueCache, Txn
+from gateway.store.txn import QueueCache, SavepointLost, Txn
 
 __all__ = ["NOTIFY_CHANNEL", "Store"]
 
@@ -170,24 +180,30 @@ class Store:
         :class:`Unavailable`.
         """
         self.woken = set()
+        return self._run_split(ops)
+
+    def _run_split(self, ops: Sequence[Op]) -> list[Result]:
+        """:meth:`_run_batch`; if it fails, again around the ops that failed it."""
+        if not ops:
+            return []
         try:
             return self._run_batch(ops)
-        except Exception as exc:
-            log.warning("batch of %d ops failed (%s: %s)", len(ops), type(exc).__name__, exc)
-            self._queues.clear()
-            self.close()
-            if len(ops) == 1:
-                return [Unavailable(f"storage failed: {type(exc).__name__}")]
-        results: list[Result] = []
-        for op in ops:
-            try:
-                results.extend(self._run_batch([op]))
-            except Exception as exc:
-                log.warning("op %s failed (%s: %s)", type(op).__name__, type(exc).__name__, exc)
-                self._queues.clear()
-                self.close()
-                results.append(Unavailable(f"storage failed: {type(exc).__name__}"))
-        return results
+        except _StatementFailed as failed:
+            cause = failed.__cause__
+            start, end = failed.start, failed.end
+        except Exception as exc:  # settling, counting or the commit: no op to blame
+            cause, start, end = exc, 0, len(ops)
+        log.warning("batch of %d ops failed (%s: %s)", len(ops), type(cause).__name__, cause)
+        self._queues.clear()
+        self.close()
+        if len(ops) == 1:
+            return [Unavailable(f"storage failed: {type(cause).__name__}")]
+        # In order: the ops before the failing statement, its ops one by one
+        # (which of them failed it is not known), then the ops after it.
+        results = self._run_split(ops[:start])
+        for op in ops[start:end]:
+            results += self._run_split([op])
+        return results + self._run_split(ops[end:])
 
     def _run_batch(self, ops: Sequence[Op]) -> list[Result]:
         results: list[Result] = [None] * len(ops)
@@ -201,16 +217,22 @@ class Store:
             while i < len(ops):
                 # Runs of plain enqueues and plain acks share one statement.
                 j = i + 1
-                if enqueueing.is_plain_enqueue(txn, ops[i]):
-                    while j < len(ops) and enqueueing.is_plain_enqueue(txn, ops[j]):
-                        j += 1
-                    results[i:j] = enqueueing.enqueue_plain(txn, ops[i:j])  # type: ignore[arg-type]
-                elif _is_plain_ack(ops[i]):
-                    while j < len(ops) and _is_plain_ack(ops[j]):
-                        j += 1
-                    results[i:j] = leasing.ack_plain(txn, ops[i:j])  # type: ignore[arg-type]
-                else:
-                    results[i] = _apply_one(txn, ops[i])
+                op = ops[i]
+                try:
+                    if isinstance(op, _OPERATOR_OPS):
+                        results[i] = _apply_alone(txn, op)
+                    elif enqueueing.is_plain_enqueue(txn, op):
+                        while j < len(ops) and enqueueing.is_plain_enqueue(txn, ops[j]):
+                            j += 1
+                        results[i:j] = enqueueing.enqueue_plain(txn, ops[i:j])  # type: ignore[arg-type]
+                    elif _is_plain_ack(op):
+                        while j < len(ops) and _is_plain_ack(ops[j]):
+                            j += 1
+                        results[i:j] = leasing.ack_plain(txn, ops[i:j])  # type: ignore[arg-type]
+                    else:
+                        results[i] = _apply_one(txn, op)
+                except Exception as exc:
+                    raise _StatementFailed(i, j) from exc
                 i = j
         return results
 
@@ -233,6 +255,57 @@ class Store:
                 "DELETE FROM leasecast_dedup WHERE expires_at <= %s", (txn.now,)
             ).rowcount
         return deleted
+
+
+class _StatementFailed(Exception):
+    """Ops ``start:end`` of a batch failed (the cause is chained): the batch is lost."""
+
+    def __init__(self, start: int, end: int) -> None:
+        super().__init__(start, end)
+        self.start = start
+        self.end = end
+
+
+#: The ops of operators and of the transaction API: each runs under a
+#: savepoint of its own (:func:`_apply_alone`). Rare next to the hot ops, so
+#: the savepoint's statements cost nothing that shows; and they take values
+#: from URLs and bodies, where a bad one must fail its own op only.
+_OPERATOR_OPS = (
+    EnsureQueue,
+    Configure,
+    Stats,
+    AllStats,
+    Purge,
+    Redrive,
+    Browse,
+    RequeueMessage,
+    DeleteMessage,
+    Stage,
+    CommitTxn,
+    AbortTxn,
+)
+
+
+def _apply_alone(txn: Txn, op: Op) -> Result:
+    """Apply ``op`` under a savepoint: if it fails or is refused, what it wrote
+    is undone and its neighbours in the batch keep theirs, run once.
+
+    Raises:
+        SavepointLost: the failure took the whole transaction with it.
+    """
+    try:
+        with txn.savepoint(catch=Exception):
+            result = _apply_one(txn, op)
+            if isinstance(result, ProtocolError):
+                raise result  # a refusal changes nothing: undo what it wrote first
+    except ProtocolError as refusal:
+        return refusal
+    except SavepointLost:
+        raise
+    except Exception as exc:
+        log.warning("op %s failed alone", type(op).__name__, exc_info=exc)
+        return Unavailable(f"storage failed: {type(exc).__name__}")
+    return result
 
 
 def _apply_one(txn: Txn, op: Op) -> Result:
@@ -281,7 +354,7 @@ def _apply_one(txn: Txn, op: Op) -> Result:
             case CommitTxn():
                 return staging.commit(txn, op)
             case AbortTxn():
-                return staging.abort(txn, op.txn)
+                return staging.abort(txn, op)
             case _:
                 assert_never(op)
     except ProtocolError as exc:

@@ -18,7 +18,7 @@ from gateway.errors import NotFound, ProtocolError
 from gateway.leases import QueueSettings
 from gateway.store.dialects import Dialect
 
-__all__ = ["QueueCache", "QueueRow", "Txn"]
+__all__ = ["QueueCache", "QueueRow", "SavepointLost", "Txn"]
 
 _QUEUE_COLUMNS = "id, visibility_timeout, max_deliveries, dedup_window, max_length, overflow"
 
@@ -107,6 +107,11 @@ class QueueCache:
         row = self._rows[name] = QueueRow(queue_id, name, settings, txn.now)
         self._names[queue_id] = name
         return row
+
+
+class SavepointLost(Exception):
+    """Rolling back to a savepoint failed: the whole transaction is lost (the
+    database ended it, or the connection is gone)."""
 
 
 def _settings_row(s: QueueSettings) -> tuple[Any, ...]:
@@ -221,12 +226,19 @@ class Txn:
         return named
 
     @contextmanager
-    def savepoint(self) -> Iterator[None]:
-        """Undo what the block did if it raises a :class:`ProtocolError` (which is re-raised).
+    def savepoint(
+        self, catch: type[Exception] | tuple[type[Exception], ...] = ProtocolError
+    ) -> Iterator[None]:
+        """Undo what the block did if it raises ``catch`` (re-raised), by default a
+        :class:`ProtocolError`.
 
         For ops that check a rule only after writing (a bounded queue counts
         after inserting): a refusal must change nothing, and its neighbours in
-        the batch must keep what they did.
+        the batch must keep what they did. The runner also wraps each operator
+        op in one with ``catch=Exception``, so that its failure fails it alone.
+
+        Raises:
+            SavepointLost: the rollback to the savepoint failed.
         """
         self._savepoints += 1
         name = f"lc_op_{self._savepoints}"
@@ -237,9 +249,12 @@ class Txn:
         self.cursor.execute(f"SAVEPOINT {name}")
         try:
             yield
-        except ProtocolError:
-            self.cursor.execute(f"ROLLBACK TO SAVEPOINT {name}")
-            self.cursor.execute(f"RELEASE SAVEPOINT {name}")
+        except catch:
+            try:
+                self.cursor.execute(f"ROLLBACK TO SAVEPOINT {name}")
+                self.cursor.execute(f"RELEASE SAVEPOINT {name}")
+            except Exception as lost:
+                raise SavepointLost(f"{type(lost).__name__}: {lost}") from lost
             self.unsettled, self.reordered, self.woken = unsettled, reordered, woken
             self.lengths, self.oldest, self.swept = lengths, oldest, swept
             self.counts = counts

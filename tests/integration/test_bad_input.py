@@ -254,3 +254,165 @@ async def test_unknown_socket_paths_are_refused(gateway: GatewayProcess, admin_t
         with pytest.raises(InvalidStatus) as info:
             await Socket.open(gateway.ws + path, admin_token)
         assert info.value.response.status_code == 403, path
+
+
+# -- protocol 1.2: unknown fields, JSON everywhere under /api/, numbers in URLs
+
+
+@both_servers
+async def test_a_message_with_an_unknown_field_is_invalid_and_enqueues_nothing(
+    gateway: GatewayProcess, admin_token: str
+) -> None:
+    """``{"body": 1, "dealy": 5}`` was enqueued at once, without its delay."""
+    q = unique()
+    async with await Socket.open(f"{gateway.ws}/ws/produce/", admin_token) as s:
+        for frame in (
+            {"op": "enqueue", "queue": q, "body": 1, "dealy": 5},
+            {"op": "enqueue", "queue": q, "body": 1, "delay": 5, "prio": 1},
+            {"op": "enqueue_many", "queue": q, "messages": [{"body": 1}, {"body": 2, "dealy": 5}]},
+        ):
+            if "prio" in frame:
+                reply = await s.request(frame)  # with a ref beside the unknown field
+            else:
+                await s.send(frame)
+                reply = await s.next()
+            assert reply["op"] == "error" and reply["code"] == "invalid", (frame, reply)
+            unknown = "prio" if "prio" in frame else "dealy"
+            assert repr(unknown) in reply["detail"] and "delay" in reply["detail"], reply
+        # Other frames still ignore fields they do not use.
+        reply = await s.request({"op": "publish", "topic": unique(), "body": 1, "color": "red"})
+        assert reply["op"] == "published", reply
+    base = f"{gateway.http}/api/queues/{q}"
+    status, body = await ahttp(
+        "POST",
+        f"{base}/messages",
+        admin_token,
+        {"messages": [{"body": 1}, {"body": 2, "dealy": 5}]},
+    )
+    assert (status, body["error"]) == (400, "invalid"), body
+    assert "messages[1]" in body["detail"] and "'dealy'" in body["detail"], body
+    status, body = await ahttp(
+        "PUT",
+        f"{gateway.http}/api/transactions/{unique('t')}/partitions/0",
+        admin_token,
+        {"queue": q, "messages": [{"body": 1, "ttll": 5}]},
+    )
+    assert (status, body["error"]) == (400, "invalid") and "'ttll'" in body["detail"], body
+    status, body = await ahttp("GET", base, admin_token)
+    assert status == 404, body  # nothing was applied, not even the queue made
+
+
+@both_servers
+async def test_a_settings_document_with_an_unknown_field_is_invalid_and_changes_nothing(
+    gateway: GatewayProcess, admin_token: str
+) -> None:
+    q, topic = unique(), unique("topic")
+    base = f"{gateway.http}/api/queues/{q}"
+    status, before = await ahttp("PATCH", base, admin_token, {"max_deliveries": 4})
+    assert status == 200, before
+    change = {"max_deliveries": 9, "visibility_timeot": 5}
+    status, body = await ahttp("PATCH", base, admin_token, change)
+    assert (status, body["error"]) == (400, "invalid"), body
+    assert "'visibility_timeot'" in body["detail"] and "visibility_timeout" in body["detail"]
+    assert await ahttp("GET", base, admin_token) == (200, before)
+    topic_url = f"{gateway.http}/api/topics/{topic}"
+    status, before = await ahttp("GET", topic_url, admin_token)
+    status, body = await ahttp("PATCH", topic_url, admin_token, {"history_sise": 5})
+    assert (status, body["error"]) == (400, "invalid") and "history_size" in body["detail"], body
+    assert await ahttp("GET", topic_url, admin_token) == (200, before)
+
+
+@both_servers
+def test_every_answer_under_api_is_json(gateway: GatewayProcess, admin_token: str) -> None:
+    """Unknown URLs and methods answered HTML; a body over Django's upload limit
+    answered an HTML "Bad Request (400)" and logged a traceback."""
+    base, q = gateway.http, unique()
+    for method, path, status, code in (
+        ("GET", "/api/nothing", 404, "not_found"),
+        ("GET", "/api/queues/", 404, "not_found"),
+        ("GET", f"/api/queues/{q}/messages/1/2/3", 404, "not_found"),
+        ("POST", f"/api/topics/{q}/unknown", 404, "not_found"),
+        ("DELETE", f"/api/queues/{q}/purge", 405, "invalid"),
+        ("PUT", f"/api/queues/{q}", 405, "invalid"),
+        ("GET", f"/api/transactions/{q}/commit", 405, "invalid"),
+    ):
+        got_status, got = http(method, base + path, admin_token)
+        assert isinstance(got, dict), (method, path, got)
+        assert (got_status, got.get("error")) == (status, code), (method, path, got)
+        assert got["detail"]
+    big = b'{"messages": [{"body": "' + b"x" * (10 * 1024 * 1024) + b'"}]}'
+    status, got = http("POST", f"{base}/api/queues/{q}/messages", admin_token, raw=big)
+    assert isinstance(got, dict) and (status, got["error"]) == (413, "too_large"), (status, got)
+    assert "RequestDataTooBig" not in gateway.log_text()
+    assert http("GET", f"{base}/api/queues/{q}", admin_token)[0] == 404  # nothing enqueued
+
+
+@both_servers
+async def test_get_api_queues_lists_the_queues_the_caller_may_read(
+    gateway: GatewayProcess, admin_token: str
+) -> None:
+    prefix = unique("list")
+    mine, theirs = f"{prefix}.mine", f"{prefix}.theirs"
+    for queue in (mine, theirs):
+        status, body = await ahttp(
+            "POST",
+            f"{gateway.http}/api/queues/{queue}/messages",
+            admin_token,
+            {"messages": [{"body": 1}, {"body": 2}]},
+        )
+        assert status == 200, body
+    status, body = await ahttp("GET", f"{gateway.http}/api/queues", admin_token)
+    assert status == 200, body
+    listed = {doc["name"]: doc for doc in body["queues"]}
+    assert {mine, theirs} <= listed.keys()
+    status, one = await ahttp("GET", f"{gateway.http}/api/queues/{mine}", admin_token)
+    # Each as GET /api/queues/NAME gives it (the age moves between the two reads).
+    assert listed[mine].keys() == one.keys() and listed[mine]["visible"] == one["visible"] == 2
+    narrow = gateway.issue_token(f"consume:{mine}", name="narrow")
+    status, body = await ahttp("GET", f"{gateway.http}/api/queues", narrow)
+    assert status == 200 and [doc["name"] for doc in body["queues"]] == [mine], body
+    status, body = await ahttp("GET", f"{gateway.http}/api/queues")
+    assert (status, body["error"]) == (401, "unauthorized"), body
+
+
+@both_servers
+async def test_numbers_in_paths_and_queries_are_checked(
+    gateway: GatewayProcess, admin_token: str
+) -> None:
+    """A partition past 64 bits answered 503 (the store's OverflowError) and rolled
+    back everyone's batch; ``"²".isdigit()`` is true, and its requeue answered 500."""
+    q, txn = unique(), unique("t")
+    assert (
+        await ahttp(
+            "POST",
+            f"{gateway.http}/api/queues/{q}/messages",
+            admin_token,
+            {"messages": [{"body": 1}]},
+        )
+    )[0] == 200
+    staged = {"queue": q, "messages": [{"body": 1}]}
+    base = f"{gateway.http}/api/queues/{q}/messages"
+    for method, url, body in (
+        ("PUT", f"/api/transactions/{txn}/partitions/99999999999999999999999", staged),
+        ("PUT", f"/api/transactions/{txn}/partitions/2147483648", staged),
+        ("PUT", f"/api/transactions/{txn}/partitions/-1", staged),
+        ("PUT", f"/api/transactions/{txn}/partitions/%C2%B2", staged),
+        ("PUT", f"/api/transactions/{txn}/partitions/1e3", staged),
+        ("POST", f"/api/transactions/{txn}/commit", {"partitions": [10**22]}),
+        ("POST", f"/api/queues/{q}/messages/%C2%B2/requeue", None),
+        ("DELETE", f"/api/queues/{q}/messages/%D9%A1", None),  # ARABIC-INDIC DIGIT ONE
+        ("DELETE", f"/api/queues/{q}/messages/99999999999999999999999", None),
+        ("GET", f"/api/queues/{q}/messages?limit=%C2%B2", None),
+        ("GET", f"/api/queues/{q}/messages?limit=%D9%A1%D9%A0", None),
+        ("GET", f"/api/queues/{q}/messages?after=99999999999999999999999", None),
+        ("GET", f"/api/queues/{q}/messages?after=1_000", None),
+        ("DELETE", f"/api/queues/{q}/messages/1?if_deliveries=%20%201", None),
+    ):
+        status, got = await ahttp(method, gateway.http + url, admin_token, body)
+        assert isinstance(got, dict), (method, url, got)
+        assert (status, got.get("error")) == (400, "invalid"), (method, url, got)
+    status, got = await ahttp("GET", f"{gateway.http}/api/queues/{q}", admin_token)
+    assert got["visible"] == 1, got  # nothing was deleted or requeued
+    status, got = await ahttp("POST", f"{gateway.http}/api/transactions/{txn}/abort", admin_token)
+    assert got == {"aborted": 0, "already": False}, got  # nothing was staged
+    assert (await ahttp("DELETE", f"{base}/0", admin_token))[0] == 404  # a number: no such id

@@ -89,3 +89,47 @@ async def test_commit_of_listed_partitions_discards_other_staging(
     assert stats["visible"] == 4  # not 6: partition 1 of the first attempt was discarded
     status, reply = await ahttp("POST", f"{base}/commit", admin_token, {"partitions": [0, 1, 2]})
     assert (status, reply) == (200, {"committed": 4, "already": True})
+
+
+async def test_a_transaction_belongs_to_the_principal_that_first_staged_into_it(
+    gateway: GatewayProcess, admin_token: str
+) -> None:
+    """A token with ``enqueue:emails.*`` emptied a transaction staged by one with
+    ``enqueue:orders.*`` (its 2 messages silently gone), and committing a name
+    before its owner staged made the owner's later stage answer ``already``."""
+    prefix = unique("own")
+    orders = gateway.issue_token(f"enqueue:{prefix}.orders.*", name="orders")
+    emails = gateway.issue_token(f"enqueue:{prefix}.emails.*", name="emails")
+    q, txn = f"{prefix}.orders.new", f"{prefix}-batch-1"
+    base = f"{gateway.http}/api/transactions/{txn}"
+    two = {"queue": q, "messages": [{"body": 1}, {"body": 2}]}
+    assert (await ahttp("PUT", f"{base}/partitions/0", orders, two))[0] == 200
+    theirs = {"queue": f"{prefix}.emails.out", "messages": []}
+    for method, url, body in (
+        ("PUT", f"{base}/partitions/0", theirs),  # emptied partition 0 before
+        ("PUT", f"{base}/partitions/1", theirs),
+        ("POST", f"{base}/commit", None),
+        ("POST", f"{base}/abort", None),
+    ):
+        status, reply = await ahttp(method, url, emails, body)
+        assert (status, reply["error"]) == (403, "forbidden"), (method, url, reply)
+        # Nothing about the transaction: no state, count, queue or owner's name.
+        assert "orders" not in reply["detail"] and "staged" not in reply["detail"], reply
+    status, reply = await ahttp("POST", f"{base}/commit", orders)
+    assert (status, reply) == (200, {"committed": 2, "already": False})
+    status, stats = await ahttp("GET", f"{gateway.http}/api/queues/{q}", admin_token)
+    assert stats["visible"] == 2, stats
+    # A name committed before its owner staged is the committer's: the owner is told.
+    early = f"{gateway.http}/api/transactions/{prefix}-batch-2"
+    assert (await ahttp("POST", f"{early}/commit", emails))[1]["committed"] == 0
+    status, reply = await ahttp("PUT", f"{early}/partitions/0", orders, two)
+    assert (status, reply["error"]) == (403, "forbidden"), reply
+    # An admin token may abort anyone's transaction (and only abort it).
+    stuck = f"{gateway.http}/api/transactions/{prefix}-batch-3"
+    assert (await ahttp("PUT", f"{stuck}/partitions/0", orders, two))[0] == 200
+    status, reply = await ahttp("POST", f"{stuck}/commit", admin_token)
+    assert (status, reply["error"]) == (403, "forbidden"), reply
+    status, reply = await ahttp("POST", f"{stuck}/abort", admin_token)
+    assert (status, reply) == (200, {"aborted": 2, "already": False})
+    status, stats = await ahttp("GET", f"{gateway.http}/api/queues/{q}", admin_token)
+    assert stats["visible"] == 2, stats

@@ -10,6 +10,7 @@ test_bounded.py.
 from __future__ import annotations
 
 import time
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -185,6 +186,11 @@ async def test_browse_pages_through_250_messages_exactly_once_in_order(
         ), m
         assert m["priority"] in (0, None), m
         assert abs(m["enqueued_at"] - now) < 600, m  # Unix seconds
+        # ... and the same moments in ISO 8601, UTC (protocol 1.2 browse fields).
+        for field in ("enqueued_at", "visible_at"):
+            iso = datetime.fromisoformat(m[f"{field}_iso"])
+            assert m[f"{field}_iso"].endswith("Z") and iso.utcoffset() == timedelta(0), m
+            assert abs(iso.timestamp() - m[field]) < 0.001, m
     # Browsing leased and changed nothing.
     assert counts(await stats(gateway, admin_token, q)) == (250, 0, 0, 0)
     async with await worker(gateway, admin_token, q, prefetch=1) as w:
@@ -466,11 +472,15 @@ async def test_delete_one_message_over_http_in_each_state(
             ("POST", f"{base}/{c['id']}/requeue"),
             ("DELETE", f"{base}/999999999"),
             ("POST", f"{base}/999999999/requeue"),
+        ):
+            status, body = await ahttp(method, url, admin_token)
+            assert (status, body["error"]) == (404, "not_found"), (method, url, body)
+        for method, url in (
             ("DELETE", f"{base}/not-an-id"),
             ("POST", f"{base}/not-an-id/requeue"),
         ):
             status, body = await ahttp(method, url, admin_token)
-            assert (status, body["error"]) == (404, "not_found"), (method, url, body)
+            assert (status, body["error"]) == (400, "invalid"), (method, url, body)
         await w.quiet(0.3)
     assert counts(await stats(gateway, admin_token, q)) == (0, 0, 0, 0)
 
