@@ -7,8 +7,8 @@ that installs Leasecast includes beside its own admin.
 from __future__ import annotations
 
 from django.contrib import admin
-from django.views.generic import RedirectView
 from django.urls import path, re_path
+from django.views.generic import RedirectView
 
 from consumers import http
 from gateway import api_urls
