@@ -27,7 +27,7 @@ from consumers.limits import (
     too_many_sockets,
 )
 from gateway import metrics
-from gateway.auth import PRINCIPAL_KEY, principal_for_signed
+from gateway.auth import PRINCIPAL_KEY, SessionGrant, principal_for_signed
 from gateway.broadcast import Published
 from gateway.conf import GatewaySettings, gateway_settings
 from gateway.engine import Engine
@@ -139,6 +139,7 @@ class GatewaySocket(AsyncWebsocketConsumer):
         self._slot_held = False
         self._expiry: asyncio.TimerHandle | None = None
         self._watched_token: int | None = None
+        self._watched_session: SessionGrant | None = None
         # What the socket's URL was checked for while opening (require() during
         # open()): a refreshed token must still allow all of it.
         self._url_checks: set[tuple[Action, str]] = set()
@@ -367,13 +368,19 @@ class GatewaySocket(AsyncWebsocketConsumer):
     # -- token lifetime (protocol 1.1: Signed connection tokens and token lifetime)
 
     def _watch_token(self) -> None:
-        """Close at a signed token's ``exp``; watch a stored token for revocation."""
+        """Close at a signed token's ``exp``; watch a stored token for revocation,
+        and a session for its end or a loss of rights (protocol 1.2)."""
         principal = self.principal
         if principal.expires_at is not None:
             self._arm_token_expiry(principal.expires_at)
         if principal.token_id is not None:
             self._watched_token = principal.token_id
             self.runtime.revocations.add(principal.token_id, self)
+        session = self.scope.get("session")
+        session_key = getattr(session, "session_key", None) if principal.user_id else None
+        if session_key:
+            self._watched_session = SessionGrant(session_key, principal)
+            self.runtime.revocations.add_session(self._watched_session, self)
 
     def _unwatch_token(self) -> None:
         if self._expiry is not None:
@@ -382,6 +389,9 @@ class GatewaySocket(AsyncWebsocketConsumer):
         if self._watched_token is not None:
             self.runtime.revocations.discard(self._watched_token, self)
             self._watched_token = None
+        if self._watched_session is not None:
+            self.runtime.revocations.discard_session(self._watched_session, self)
+            self._watched_session = None
 
     def _arm_token_expiry(self, expires_at: float) -> None:
         if self._expiry is not None:
@@ -396,8 +406,10 @@ class GatewaySocket(AsyncWebsocketConsumer):
         self.push_close(CLOSE_TOKEN_EXPIRED)
 
     def token_revoked(self) -> None:
-        """The stored token of this socket was revoked or deleted: close with 4401."""
+        """The stored token of this socket was revoked or deleted, or its session
+        ended or lost rights the socket was opened with: close with 4401."""
         self._watched_token = None
+        self._watched_session = None
         self.push_close(CLOSE_TOKEN_EXPIRED)
 
     def refresh(self, frame: RefreshFrame) -> None:

@@ -15,6 +15,14 @@ of this process's sockets still stand. The database is shared by every
 gateway process, so a revocation made anywhere (the admin, ``manage.py
 revoke_token``) closes the sockets of every process, without Redis.
 
+Sessions on sockets (protocol 1.2: a session socket keeps only the rights
+its user still has): the same watch reads again, at the same interval, the
+session and the user of every socket opened with a session
+(:func:`session_principal`). A socket is closed with 4401 once its session is
+gone (logged out, expired), no longer verifies (the user's password changed:
+Django's session hash), or its user is inactive or lost any of the rights the
+socket was opened with.
+
 A socket without a token is a browser's, authenticated by the session
 cookie, which the browser sends to the gateway whatever page opened the
 socket. So it must come from an allowed origin (:func:`origin_allowed`):
@@ -38,12 +46,23 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
+from importlib import import_module
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
+from django.conf import settings
+from django.contrib.auth import (
+    BACKEND_SESSION_KEY,
+    HASH_SESSION_KEY,
+    SESSION_KEY,
+    get_user_model,
+    load_backend,
+)
 from django.http.request import split_domain_port, validate_host
+from django.utils.crypto import constant_time_compare
 
 from gateway.conf import gateway_settings
 from gateway.errors import Unauthorized
@@ -56,6 +75,7 @@ __all__ = [
     "CLOSE_UNAUTHORIZED",
     "PRINCIPAL_KEY",
     "RevocationWatch",
+    "SessionGrant",
     "TokenAuthMiddleware",
     "Watched",
     "forget_tokens",
@@ -64,6 +84,7 @@ __all__ = [
     "principal_for_token",
     "principal_for_user",
     "refuse_unauthorized",
+    "session_principal",
     "token_from_headers",
 ]
 
@@ -142,6 +163,33 @@ def principal_for_user(user: Any) -> Principal | None:
     if user is not None and getattr(user, "is_active", False) and getattr(user, "is_staff", False):
         return Principal(name=f"staff:{user.get_username()}", is_admin=True, user_id=user.pk)
     return None
+
+
+def session_principal(session_key: str) -> Principal | None:
+    """Who a stored session is now: its user's principal, or None (sync; hits the DB).
+
+    None when the session is gone or expired, names no user or a backend no
+    longer configured, its hash no longer verifies (the password changed),
+    or the user is not (or no longer) allowed in (:func:`principal_for_user`).
+    Unlike ``django.contrib.auth.get_user`` it changes nothing: a session
+    verified only by a fallback secret keeps its key (the browser still
+    holds it).
+    """
+    engine = import_module(settings.SESSION_ENGINE)
+    data = engine.SessionStore(session_key).load()
+    backend_path = data.get(BACKEND_SESSION_KEY)
+    if SESSION_KEY not in data or backend_path not in settings.AUTHENTICATION_BACKENDS:
+        return None
+    user_id = get_user_model()._meta.pk.to_python(data[SESSION_KEY])
+    user = load_backend(backend_path).get_user(user_id)
+    if user is None:
+        return None
+    if hasattr(user, "get_session_auth_hash"):
+        stored = data.get(HASH_SESSION_KEY)
+        hashes = [user.get_session_auth_hash(), *user.get_session_auth_fallback_hash()]
+        if not stored or not any(constant_time_compare(stored, h) for h in hashes):
+            return None
+    return principal_for_user(user)
 
 
 def token_from_headers(headers: Any) -> str | None:
@@ -301,10 +349,25 @@ def websocket_auth_stack(inner: Any) -> Any:
 
 
 class Watched(Protocol):
-    """A socket a :class:`RevocationWatch` watches: told once when its stored token is revoked."""
+    """A socket a :class:`RevocationWatch` watches: told once when its credentials are gone."""
 
     def token_revoked(self) -> None:
-        """Close the socket (4401): its token was revoked or deleted."""
+        """Close the socket (4401): its stored token was revoked or deleted, or
+        its session ended or lost rights the socket was opened with."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionGrant:
+    """What a session socket was opened with: the session and the principal it gave."""
+
+    session_key: str
+    principal: Principal
+
+    def stands(self, now: Principal | None) -> bool:
+        """Does the session, read again as ``now``, still give everything it gave?"""
+        return (
+            now is not None and now.user_id == self.principal.user_id and now.covers(self.principal)
+        )
 
 
 def forget_tokens(token_ids: Iterable[int]) -> None:
@@ -313,6 +376,11 @@ def forget_tokens(token_ids: Iterable[int]) -> None:
     for digest, (_at, principal) in list(_cache.items()):
         if principal is not None and principal.token_id in gone:
             _cache.pop(digest, None)
+
+
+def _session_principals(session_keys: list[str]) -> dict[str, Principal | None]:
+    """:func:`session_principal` of each session (one session and one user read each)."""
+    return {key: session_principal(key) for key in session_keys}
 
 
 def _standing(token_ids: list[int]) -> set[int]:
@@ -324,12 +392,14 @@ def _standing(token_ids: list[int]) -> set[int]:
 
 
 class RevocationWatch:
-    """Closes this process's sockets whose stored token was revoked or deleted.
+    """Closes this process's sockets whose stored token was revoked or deleted,
+    or whose session ended or lost rights.
 
-    One task per process runs while at least one socket of a stored token is
-    open: every ``GATEWAY_TOKEN_CHECK_INTERVAL`` seconds it asks the database,
-    in one query, which of those tokens still stand, and tells the sockets of
-    the others (:meth:`Watched.token_revoked`). The task stops when the last
+    One task per process runs while at least one socket of a stored token or
+    a session is open: every ``GATEWAY_TOKEN_CHECK_INTERVAL`` seconds it asks
+    the database, in one query, which of those tokens still stand, reads each
+    of those sessions and its user again (:class:`SessionGrant`), and tells
+    the sockets of the others (:meth:`Watched.token_revoked`). The task stops when the last
     such socket goes, so a process at rest, or shutting down (its sockets
     close first), has no task left. A failed check (database down) is logged
     and tried again at the next interval; sockets stay open meanwhile.
@@ -342,11 +412,20 @@ class RevocationWatch:
     def __init__(self, interval: float = 2.0) -> None:
         self.interval = max(0.1, interval)
         self._sockets: dict[int, set[Watched]] = {}
+        self._sessions: dict[SessionGrant, set[Watched]] = {}
         self._task: asyncio.Task[None] | None = None
 
     def add(self, token_id: int, socket: Watched) -> None:
         """Watch ``socket``, opened with stored token ``token_id`` (on the event loop)."""
         self._sockets.setdefault(token_id, set()).add(socket)
+        self._start()
+
+    def add_session(self, grant: SessionGrant, socket: Watched) -> None:
+        """Watch ``socket``, opened with a session (on the event loop)."""
+        self._sessions.setdefault(grant, set()).add(socket)
+        self._start()
+
+    def _start(self) -> None:
         loop = asyncio.get_running_loop()
         if self._task is None or self._task.done() or self._task.get_loop() is not loop:
             self._task = loop.create_task(self._run())
@@ -358,13 +437,26 @@ class RevocationWatch:
             sockets.discard(socket)
             if not sockets:
                 del self._sockets[token_id]
-        if not self._sockets and self._task is not None:
+        self._stop_when_idle()
+
+    def discard_session(self, grant: SessionGrant, socket: Watched) -> None:
+        """Stop watching a session ``socket``; the task stops with the last socket."""
+        sockets = self._sessions.get(grant)
+        if sockets is not None:
+            sockets.discard(socket)
+            if not sockets:
+                del self._sessions[grant]
+        self._stop_when_idle()
+
+    def _stop_when_idle(self) -> None:
+        if not self._sockets and not self._sessions and self._task is not None:
             self._task.cancel()
             self._task = None
 
     def stop(self) -> None:
         """Stop the task and forget every socket (process shutdown; idempotent)."""
         self._sockets.clear()
+        self._sessions.clear()
         if self._task is not None:
             self._task.cancel()
             self._task = None
@@ -375,10 +467,14 @@ class RevocationWatch:
 
     def watched(self) -> int:
         """How many sockets are watched (for tests and stats)."""
-        return sum(len(sockets) for sockets in self._sockets.values())
+        return sum(len(sockets) for sockets in [*self._sockets.values(), *self._sessions.values()])
 
     async def check(self) -> set[int]:
-        """Check once now; returns the ids of the tokens found revoked."""
+        """Check once now; returns the ids of the tokens found revoked.
+
+        Session sockets are checked too (:meth:`check_sessions`).
+        """
+        await self.check_sessions()
         ids = list(self._sockets)
         if not ids:
             return set()
@@ -393,12 +489,31 @@ class RevocationWatch:
             log.info("closed the sockets of revoked tokens %s", sorted(revoked))
         return revoked
 
+    async def check_sessions(self) -> int:
+        """Close the session sockets whose session no longer gives what it gave; how many."""
+        if not self._sessions:
+            return 0
+        keys = sorted({grant.session_key for grant in self._sessions})
+        now = await database_sync_to_async(_session_principals)(keys)
+        closed = 0
+        for grant in [g for g in self._sessions if not g.stands(now.get(g.session_key))]:
+            for socket in self._sessions.pop(grant, set()):
+                socket.token_revoked()
+                closed += 1
+            log.info(
+                "closed the sockets of %s: its session ended or lost rights",
+                grant.principal.name,
+            )
+        return closed
+
     async def _run(self) -> None:
-        while self._sockets:
+        while self._sockets or self._sessions:
             await asyncio.sleep(self.interval)
             try:
                 await self.check()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("could not check for revoked tokens (trying again): %s", exc)
+                log.warning(
+                    "could not check for revoked tokens or ended sessions (trying again): %s", exc
+                )
