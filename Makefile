@@ -17,7 +17,7 @@ DJANGO6_TESTS := tests/unit/test_store_tasks.py tests/unit/test_task_worker.py \
 	tests/integration/test_producer.py tests/integration/test_django_app.py \
 	tests/integration/test_operations.py tests/integration/test_workqueue.py
 
-.PHONY: screenshots run demo test test-django6 lint typecheck unit integration bench install dev clean browser balancer
+.PHONY: screenshots run demo reset test test-django6 lint typecheck unit integration bench install dev clean browser balancer
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -44,23 +44,26 @@ dev: $(DEV_STAMP)
 var:
 	mkdir -p var
 
-## Serve the gateway and dashboard on 127.0.0.1:$(PORT) (SQLite, in-memory layer).
+## Serve the gateway and dashboard on 127.0.0.1:$(PORT) (SQLite, in-memory layer);
+## prints the login and the `export LEASECAST_URL=... ADMIN_TOKEN=...` line.
 run: install var
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py bootstrap_dev --url http://127.0.0.1:$(PORT)
 	$(BIN)/python -m gateway.serve -b 127.0.0.1 -p $(PORT)
 
 ## The whole system alive: gateway, a Spark feed, workers (one crashy, one slow),
-## a publisher and a subscriber per policy. Ctrl-C stops everything.
+## a publisher and a subscriber per policy. Ctrl-C stops everything. Its own database
+## (var/demo.sqlite3) and credentials (var/demo-credentials.txt): never make run's.
 demo: $(SPARK_STAMP) var
-	$(BIN)/python manage.py migrate --noinput
-	$(BIN)/python manage.py bootstrap_dev --url http://127.0.0.1:$(PORT)
 	$(BIN)/python -m gateway.demo --port $(PORT)
+
+## Forget the development state: make run's and make demo's databases, credentials,
+## logs and Spark checkpoints (all of var/). The next make run starts afresh.
+reset:
+	rm -rf var
 
 ## Refresh docs/dashboard*.png: the demo on a free port, photographed in Chromium, stopped.
 screenshots: $(DEV_STAMP) var browser
-	$(BIN)/python manage.py migrate --noinput
-	$(BIN)/python manage.py bootstrap_dev --url http://127.0.0.1:$(PORT)
 	$(BIN)/python -m dashboard.screenshots
 
 lint: dev
