@@ -196,20 +196,46 @@ def _close_with_1001_on_shutdown() -> None:
     Server.shutdown = shutdown  # type: ignore[method-assign]
 
 
+def _is_http11_protocol(protocol: type, h11: type) -> bool:
+    """uvicorn's h11 or httptools protocol (the request-cycle ones the head guard knows)."""
+    if issubclass(protocol, h11):
+        return True
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:  # httptools is not installed
+        return False
+    return issubclass(protocol, HttpToolsProtocol)
+
+
 def _limit_uvicorn_requests() -> None:
     """uvicorn's loaded application refuses request bodies over
-    ``GATEWAY_MAX_REQUEST_BYTES`` (gateway.server_limits), whatever the
+    ``GATEWAY_MAX_REQUEST_BYTES``, and its HTTP/1.1 connections keep the head
+    deadline and per-address cap (gateway.server_limits), whatever the
     application the command line names."""
     from uvicorn.config import Config
+    from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    from gateway.server_limits import BodyLimit, max_request_bytes
+    from gateway.server_limits import (
+        BodyLimit,
+        PendingHeads,
+        guarded_uvicorn_protocol,
+        head_timeout,
+        max_pending_per_address,
+        max_request_bytes,
+    )
 
     limit = max_request_bytes()
+    head_seconds = head_timeout()
+    pending = PendingHeads(max_pending_per_address())
     original = Config.load
 
     def load(self: Config) -> None:
         original(self)
         self.loaded_app = BodyLimit(self.loaded_app, limit)
+        if _is_http11_protocol(self.http_protocol_class, H11Protocol):
+            self.http_protocol_class = guarded_uvicorn_protocol(
+                self.http_protocol_class, head_seconds=head_seconds, pending=pending
+            )
 
     Config.load = load  # type: ignore[method-assign]
 
@@ -236,15 +262,28 @@ def main(argv: list[str] | None = None) -> None:
     from daphne import server as daphne_server
     from daphne.cli import CommandLineInterface
 
-    from gateway.server_limits import daphne_http_factory, max_request_bytes
+    from gateway.server_limits import (
+        PendingHeads,
+        daphne_http_factory,
+        head_timeout,
+        max_pending_per_address,
+        max_request_bytes,
+    )
     from gateway.shutdown import DrainingServer
     from gateway.transport import with_transport_flow
 
     daphne_server.WebSocketFactory = _closing_websocket_factory()
     daphne_cli.AccessLogGenerator = redacting_access_log(daphne_cli.AccessLogGenerator)
     # Request bodies over GATEWAY_MAX_REQUEST_BYTES are refused as they
-    # arrive, before the application (gateway.server_limits).
-    daphne_server.HTTPFactory = daphne_http_factory(daphne_server.HTTPFactory, max_request_bytes())
+    # arrive, before the application (gateway.server_limits); each request
+    # head must end within GATEWAY_REQUEST_HEAD_TIMEOUT, and one address may
+    # have GATEWAY_MAX_PENDING_PER_ADDRESS connections waiting for theirs.
+    daphne_server.HTTPFactory = daphne_http_factory(
+        daphne_server.HTTPFactory,
+        max_request_bytes(),
+        head_seconds=head_timeout(),
+        pending=PendingHeads(max_pending_per_address()),
+    )
     cli = CommandLineInterface()
     # Each WebSocket's transport tells its socket when its write buffer is
     # full (gateway.transport, design decision 14).

@@ -12,6 +12,19 @@ alike (docs/operations.md, Limits on anonymous clients):
   application in one go: a 500 MB body took the process from 121 MB to 647 MB
   of memory, and it kept it.
 
+- **Request heads** (``GATEWAY_REQUEST_HEAD_TIMEOUT``, default 20 s). A
+  connection must complete each request head (request line and headers;
+  a WebSocket handshake is one) within this many seconds of starting it,
+  however often it sends a line: otherwise it is answered 408 and closed.
+  An idle timeout alone is reset by every line, so a client sending one
+  header line every 5 s kept a connection for ever.
+- **Connections per address** (``GATEWAY_MAX_PENDING_PER_ADDRESS``, default
+  256). At most this many connections from one client address may be
+  waiting for their request head to end (unauthenticated: nothing is known
+  of who they are yet); one more is answered 503 ``unavailable`` and
+  closed. 1,009 slow connections from one address had used up a 1,024 file
+  limit and ``/healthz`` failed.
+
 Pure parts (the settings, the response) import neither server: importing
 ``daphne.server`` installs Twisted's asyncio reactor, which a uvicorn
 process must not do, so the daphne classes are built on first use.
@@ -26,8 +39,13 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 __all__ = [
+    "DEFAULT_HEAD_TIMEOUT",
+    "DEFAULT_MAX_PENDING_PER_ADDRESS",
     "DEFAULT_MAX_REQUEST_BYTES",
     "BodyLimit",
+    "PendingHeads",
+    "head_timeout",
+    "max_pending_per_address",
     "max_request_bytes",
     "too_large_body",
 ]
@@ -36,6 +54,10 @@ logger = logging.getLogger("leasecast.server")
 
 #: ``GATEWAY_MAX_REQUEST_BYTES``'s default: 16 MiB.
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
+#: ``GATEWAY_REQUEST_HEAD_TIMEOUT``'s default, seconds.
+DEFAULT_HEAD_TIMEOUT = 20.0
+#: ``GATEWAY_MAX_PENDING_PER_ADDRESS``'s default.
+DEFAULT_MAX_PENDING_PER_ADDRESS = 256
 #: Seconds a connection whose body was refused is still read (and the bytes
 #: dropped) after the 413 went out, so the client reads the answer instead of
 #: a reset; then it is closed.
@@ -66,6 +88,94 @@ def max_request_bytes() -> int:
     return _positive_int("GATEWAY_MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES)
 
 
+def head_timeout() -> float:
+    """Seconds a request head may take (``GATEWAY_REQUEST_HEAD_TIMEOUT``, 20; 0: no deadline)."""
+    value = os.environ.get("GATEWAY_REQUEST_HEAD_TIMEOUT", "")
+    try:
+        seconds = float(value) if value else DEFAULT_HEAD_TIMEOUT
+    except ValueError:
+        raise ValueError(
+            f"GATEWAY_REQUEST_HEAD_TIMEOUT={value!r}: not a number of seconds"
+        ) from None
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ValueError(f"GATEWAY_REQUEST_HEAD_TIMEOUT={value!r}: must be 0 or more seconds")
+    return seconds
+
+
+def max_pending_per_address() -> int:
+    """Connections one address may have waiting for their head to end.
+
+    ``GATEWAY_MAX_PENDING_PER_ADDRESS``, default 256; 0 is no cap.
+    """
+    value = os.environ.get("GATEWAY_MAX_PENDING_PER_ADDRESS", "")
+    if not value:
+        return DEFAULT_MAX_PENDING_PER_ADDRESS
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"GATEWAY_MAX_PENDING_PER_ADDRESS={value!r}: not a whole number") from None
+    if number < 0:
+        raise ValueError(f"GATEWAY_MAX_PENDING_PER_ADDRESS={value!r}: must be 0 or more")
+    return number
+
+
+class PendingHeads:
+    """Per client address, the connections whose request head has not ended yet.
+
+    Args:
+        cap: most such connections per address; 0 is no cap.
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.counts: dict[str, int] = {}
+
+    def acquire(self, address: str) -> bool:
+        """Count one more for ``address``; False (and nothing counted) if it is at the cap."""
+        count = self.counts.get(address, 0)
+        if self.cap and count >= self.cap:
+            return False
+        self.counts[address] = count + 1
+        return True
+
+    def release(self, address: str) -> None:
+        """One connection of ``address`` ended its head or closed."""
+        count = self.counts.get(address, 0) - 1
+        if count > 0:
+            self.counts[address] = count
+        else:
+            self.counts.pop(address, None)
+
+
+def _error_json(code: str, detail: str) -> bytes:
+    return json.dumps({"error": code, "detail": detail}).encode()
+
+
+def _raw_response(status: str, body: bytes) -> bytes:
+    head = (
+        f"HTTP/1.1 {status}\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def head_timeout_response(seconds: float) -> bytes:
+    """408: the request head did not end within the deadline."""
+    detail = f"request head not complete within {seconds:g} s (GATEWAY_REQUEST_HEAD_TIMEOUT)"
+    return _raw_response("408 Request Timeout", _error_json("invalid", detail))
+
+
+def too_many_pending_response(cap: int) -> bytes:
+    """503: the address has too many connections waiting for their head to end."""
+    detail = (
+        f"more than {cap} connections from this address have not sent their request "
+        "(GATEWAY_MAX_PENDING_PER_ADDRESS)"
+    )
+    return _raw_response("503 Service Unavailable", _error_json("unavailable", detail))
+
+
 def too_large_body(limit: int) -> bytes:
     """The 413 answer's JSON, in the gateway's error shape (``{"error", "detail"}``)."""
     detail = f"request body over {limit} bytes (GATEWAY_MAX_REQUEST_BYTES)"
@@ -74,14 +184,7 @@ def too_large_body(limit: int) -> bytes:
 
 def too_large_response(limit: int) -> bytes:
     """The whole HTTP/1.1 413 answer, for a server that writes it itself (daphne)."""
-    body = too_large_body(limit)
-    head = (
-        "HTTP/1.1 413 Request Entity Too Large\r\n"
-        "Content-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n"
-        "Connection: close\r\n\r\n"
-    )
-    return head.encode() + body
+    return _raw_response("413 Request Entity Too Large", too_large_body(limit))
 
 
 def _declared_length(scope: Scope) -> int | None:
@@ -165,8 +268,18 @@ def _discard(data: bytes) -> None:
     """A refused request's connection: what still arrives is dropped unread."""
 
 
-def daphne_http_factory(base: type[Any], limit: int) -> type[Any]:
-    """A subclass of daphne's ``HTTPFactory`` whose requests refuse bodies over ``limit``.
+def daphne_http_factory(
+    base: type[Any], limit: int, *, head_seconds: float, pending: PendingHeads
+) -> type[Any]:
+    """A subclass of daphne's ``HTTPFactory`` with the limits of this module.
+
+    Its connections keep the head deadline (``head_seconds``, 0 for none)
+    and count themselves in ``pending`` while a request head is under way:
+    from the connection (or the previous response on a kept-alive one) to
+    the end of the head. A WebSocket's head ends its HTTP life; a refused
+    one closes the connection.
+
+    Its requests refuse bodies over ``limit``.
 
     Twisted reads a request's whole body (to memory, or a temporary file
     from 100 kB) before daphne sees the request, and daphne then queues all
@@ -180,6 +293,7 @@ def daphne_http_factory(base: type[Any], limit: int) -> type[Any]:
     """
     from daphne.http_protocol import WebRequest
     from twisted.internet import reactor as _reactor
+    from twisted.web.http import HTTPChannel, _GenericHTTPChannelProtocol
 
     # Twisted's global reactor, untyped (its interfaces do not type-check as a
     # module attribute).
@@ -232,8 +346,74 @@ def daphne_http_factory(base: type[Any], limit: int) -> type[Any]:
                 close_write()
             reactor.callLater(LINGER_SECONDS, _abort, transport)
 
+    # Twisted's own annotations do not describe a subclass's transport.
+    channel_base: Any = HTTPChannel
+
+    class GuardedChannel(channel_base):  # type: ignore[misc]
+        """Twisted's HTTP connection: a deadline on each request head, a per-address count."""
+
+        _lc_in_head = False
+        _lc_timer: Any = None
+        _lc_address = ""
+
+        def connectionMade(self) -> None:
+            super().connectionMade()
+            self._lc_address = str(getattr(self.transport.getPeer(), "host", ""))
+            self._lc_begin_head()
+
+        def allHeadersReceived(self) -> None:
+            self._lc_end_head()
+            super().allHeadersReceived()
+
+        def requestDone(self, request: Any) -> None:
+            if self.persistent:
+                # The next request's head starts now (its deadline too): an
+                # idle kept-alive connection is held no longer than one head.
+                self._lc_begin_head()
+            super().requestDone(request)
+
+        def connectionLost(self, reason: Any) -> None:
+            self._lc_end_head()
+            super().connectionLost(reason)
+
+        def _lc_begin_head(self) -> None:
+            if self._lc_in_head:
+                return
+            if not pending.acquire(self._lc_address):
+                logger.warning(
+                    "refused a connection from %s: %d already waiting for their request head",
+                    self._lc_address,
+                    pending.cap,
+                )
+                self.transport.write(too_many_pending_response(pending.cap))
+                self.transport.loseConnection()
+                return
+            self._lc_in_head = True
+            if head_seconds:
+                self._lc_timer = reactor.callLater(head_seconds, self._lc_expired)
+
+        def _lc_end_head(self) -> None:
+            if not self._lc_in_head:
+                return
+            self._lc_in_head = False
+            pending.release(self._lc_address)
+            if self._lc_timer is not None and self._lc_timer.active():
+                self._lc_timer.cancel()
+            self._lc_timer = None
+
+        def _lc_expired(self) -> None:
+            self._lc_timer = None
+            if self._lc_in_head:
+                logger.info("closed a connection from %s: request head too slow", self._lc_address)
+                self.transport.write(head_timeout_response(head_seconds))
+                self.transport.loseConnection()
+
     class CappedHTTPFactory(base):  # type: ignore[misc]
-        """daphne's HTTP factory, with :class:`CappedRequest` requests."""
+        """daphne's HTTP factory: guarded connections, capped requests."""
+
+        def protocol(self) -> Any:
+            # What Twisted's own factory builds, around the guarded channel.
+            return _GenericHTTPChannelProtocol(GuardedChannel())
 
         def buildProtocol(self, addr: Any) -> Any:
             protocol = super().buildProtocol(addr)
@@ -242,6 +422,83 @@ def daphne_http_factory(base: type[Any], limit: int) -> type[Any]:
             return protocol
 
     return CappedHTTPFactory
+
+
+def guarded_uvicorn_protocol(
+    base: type[Any], *, head_seconds: float, pending: PendingHeads
+) -> type[Any]:
+    """A subclass of uvicorn's HTTP/1.1 protocol class with the head deadline and per-address count.
+
+    uvicorn arms no timer while a head arrives (its keep-alive timeout is
+    cancelled by the first byte), so a connection sending a line now and
+    then was held for ever. A head starts with the connection, or with the
+    first byte after a finished response; it ends when uvicorn hands the
+    request to the application (a new request cycle) or upgrades the
+    connection to a WebSocket.
+    """
+
+    class GuardedProtocol(base):  # type: ignore[misc]
+        """uvicorn's protocol, with a deadline on each request head and a per-address count."""
+
+        _lc_in_head = False
+        _lc_timer: Any = None
+        _lc_cycle: Any = None
+        _lc_address = ""
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            peer = transport.get_extra_info("peername")
+            self._lc_address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+            self._lc_begin_head()
+
+        def data_received(self, data: bytes) -> None:
+            cycle = getattr(self, "cycle", None)
+            if not self._lc_in_head and cycle is not None and cycle.response_complete:
+                self._lc_begin_head()  # the next request on a kept-alive connection
+            super().data_received(data)
+            if self._lc_in_head and (
+                getattr(self, "cycle", None) is not self._lc_cycle
+                or self.transport.get_protocol() is not self
+            ):
+                self._lc_end_head()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._lc_end_head()
+            super().connection_lost(exc)
+
+        def _lc_begin_head(self) -> None:
+            self._lc_cycle = getattr(self, "cycle", None)
+            if not pending.acquire(self._lc_address):
+                logger.warning(
+                    "refused a connection from %s: %d already waiting for their request head",
+                    self._lc_address,
+                    pending.cap,
+                )
+                self.transport.write(too_many_pending_response(pending.cap))
+                self.transport.close()
+                return
+            self._lc_in_head = True
+            if head_seconds:
+                self._lc_timer = self.loop.call_later(head_seconds, self._lc_expired)
+
+        def _lc_end_head(self) -> None:
+            if not self._lc_in_head:
+                return
+            self._lc_in_head = False
+            pending.release(self._lc_address)
+            if self._lc_timer is not None:
+                self._lc_timer.cancel()
+                self._lc_timer = None
+
+        def _lc_expired(self) -> None:
+            self._lc_timer = None
+            if self._lc_in_head and not self.transport.is_closing():
+                logger.info("closed a connection from %s: request head too slow", self._lc_address)
+                self.transport.write(head_timeout_response(head_seconds))
+                self.transport.close()
+
+    GuardedProtocol.__name__ = GuardedProtocol.__qualname__ = f"Guarded{base.__name__}"
+    return GuardedProtocol
 
 
 def _abort(transport: Any) -> None:

@@ -164,3 +164,118 @@ def test_a_body_within_the_limit_reaches_the_application(
     status, _, body, sent = send_big_body(limited_gateway.port, "/api/stats", MIB, chunked=chunked)
     assert sent == MIB
     assert status == 401 and json.loads(body)["error"] == "unauthorized", (status, body[:300])
+
+
+HEAD_TIMEOUT = 5
+PER_ADDRESS = 8
+
+
+@pytest.fixture(scope="module", params=SERVERS)
+def guarded_gateway(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    """A gateway under each server with a short head deadline and a small per-address cap."""
+    var: Path = tmp_path_factory.mktemp(f"heads-{request.param}")
+    with sqlite_database(var) as env:
+        env["GATEWAY_REQUEST_HEAD_TIMEOUT"] = str(HEAD_TIMEOUT)
+        env["GATEWAY_MAX_PENDING_PER_ADDRESS"] = str(PER_ADDRESS)
+        process = GatewayProcess(env, var, name=f"heads-{request.param}", server=request.param)
+        process.start()
+        try:
+            yield process
+        finally:
+            process.stop()
+
+
+def _partial_head(port: int, source: str = "127.0.0.1") -> socket.socket:
+    """A connection that has sent a request line and no end of head."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+    return sock
+
+
+def _closed_by_server(sock: socket.socket, wait: float) -> bytes | None:
+    """What the server sent before closing within ``wait`` seconds, or None if it kept it open."""
+    sock.settimeout(wait)
+    got = b""
+    try:
+        while True:
+            chunk = sock.recv(4096)
+            if not chunk:
+                return got
+            got += chunk
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        return got
+
+
+def _healthz_from(port: int, source: str) -> int:
+    with socket.create_connection(
+        ("127.0.0.1", port), timeout=10, source_address=(source, 0)
+    ) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        sock.settimeout(10)
+        answer = b""
+        while chunk := sock.recv(4096):
+            answer += chunk
+    return int(answer.split(b" ", 2)[1])
+
+
+def test_a_head_sent_a_line_at_a_time_is_cut_at_the_deadline(
+    guarded_gateway: GatewayProcess,
+) -> None:
+    # One header line every half second: an idle timeout would never fire.
+    sock = _partial_head(guarded_gateway.port)
+    closed = False
+    try:
+        sock.settimeout(0.5)
+        for i in range(8 * HEAD_TIMEOUT):  # up to 4 deadlines' worth of lines
+            try:
+                sock.sendall(b"X-Slow-%d: 1\r\n" % i)
+                if sock.recv(4096) == b"":
+                    closed = True
+                    break
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            closed = True  # the server answered (408) and is closing
+            break
+    finally:
+        sock.close()
+    assert closed, "the server kept a connection whose head never ended"
+
+
+def test_unauthenticated_connections_are_capped_per_address(
+    guarded_gateway: GatewayProcess,
+) -> None:
+    port = guarded_gateway.port
+    pending = [_partial_head(port) for _ in range(PER_ADDRESS)]
+    try:
+        # One more from the same address is refused at once...
+        extra = _partial_head(port)
+        try:
+            answer = _closed_by_server(extra, wait=HEAD_TIMEOUT / 2)
+        finally:
+            extra.close()
+        assert answer is not None, "the connection over the cap was kept"
+        if answer:
+            assert answer.startswith(b"HTTP/1.1 503"), answer[:200]
+            assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"] == "unavailable"
+        # ... while another address is served.
+        assert _healthz_from(port, "127.0.0.2") == 200
+    finally:
+        for sock in pending:
+            sock.close()
+    # Their places are free again once they are gone.
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            assert _healthz_from(port, "127.0.0.1") == 200
+            break
+        except (OSError, IndexError, AssertionError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from gateway.serve import daphne_args, shutdown_grace, split_server, uvicorn_args
@@ -73,3 +75,84 @@ def test_shutdown_grace_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("GATEWAY_SHUTDOWN_GRACE", bad)
         with pytest.raises(ValueError, match="GATEWAY_SHUTDOWN_GRACE"):
             shutdown_grace()
+
+
+def test_pending_heads_are_capped_per_address() -> None:
+    from gateway.server_limits import PendingHeads
+
+    pending = PendingHeads(2)
+    assert pending.acquire("10.0.0.1") and pending.acquire("10.0.0.1")
+    assert not pending.acquire("10.0.0.1")  # the third waits for nothing: refused
+    assert pending.acquire("10.0.0.2")  # another address is not affected
+    pending.release("10.0.0.1")
+    assert pending.acquire("10.0.0.1")
+    for _ in range(3):
+        pending.release("10.0.0.1")
+    assert pending.counts == {"10.0.0.2": 1}  # no address is kept at zero
+    unlimited = PendingHeads(0)
+    assert all(unlimited.acquire("a") for _ in range(10_000))
+
+
+def test_server_limit_settings_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.server_limits import head_timeout, max_pending_per_address, max_request_bytes
+
+    for name in (
+        "GATEWAY_MAX_REQUEST_BYTES",
+        "GATEWAY_REQUEST_HEAD_TIMEOUT",
+        "GATEWAY_MAX_PENDING_PER_ADDRESS",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    assert (max_request_bytes(), head_timeout(), max_pending_per_address()) == (
+        16 * 1024 * 1024,
+        20.0,
+        256,
+    )
+    for name, bad in (
+        ("GATEWAY_MAX_REQUEST_BYTES", "0"),
+        ("GATEWAY_MAX_REQUEST_BYTES", "16M"),
+        ("GATEWAY_REQUEST_HEAD_TIMEOUT", "-1"),
+        ("GATEWAY_REQUEST_HEAD_TIMEOUT", "nan"),
+        ("GATEWAY_MAX_PENDING_PER_ADDRESS", "-5"),
+    ):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(ValueError, match=name):
+            (max_request_bytes(), head_timeout(), max_pending_per_address())
+        monkeypatch.delenv(name)
+
+
+async def test_body_limit_answers_413_once_a_streamed_body_passes_it() -> None:
+    from gateway.server_limits import BodyLimit
+
+    seen: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            seen.append(message["type"])
+            if message["type"] == "http.disconnect" or not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    chunks = [{"type": "http.request", "body": b"x" * 40, "more_body": True} for _ in range(5)]
+
+    async def receive() -> Any:
+        return chunks.pop(0)
+
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "headers": [(b"transfer-encoding", b"chunked")]}
+    await BodyLimit(app, 100)(scope, receive, send)
+    assert seen == ["http.request", "http.request", "http.disconnect"]
+    assert [m.get("status") for m in sent] == [413, None]  # the app's own answer is dropped
+    assert b'"too_large"' in sent[1]["body"]
+
+    # A declared length over the limit never reaches the application.
+    seen.clear()
+    sent.clear()
+    declared = {"type": "http", "headers": [(b"content-length", b"101")]}
+    await BodyLimit(app, 100)(declared, receive, send)
+    assert seen == [] and sent[0]["status"] == 413
