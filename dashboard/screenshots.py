@@ -2,8 +2,8 @@
 
 Starts ``python -m gateway.demo`` on a free port (in its own session), lets it
 run 150 seconds (the Spark feed settles, the charts get history, the slow
-subscriber drops), logs in with the development admin (``var/dev-credentials.txt``, written
-by ``manage.py bootstrap_dev``) in Debian's Chromium through Playwright, and
+subscriber drops), logs in with the demo's admin (``var/demo-credentials.txt``, which
+the demo writes on its first run) in Debian's Chromium through Playwright, and
 writes:
 
 - ``docs/dashboard.png``: the whole page at 1,280 px;
@@ -48,14 +48,14 @@ def free_port() -> int:
 
 
 def admin_login(var: Path) -> tuple[str, str]:
-    """The development admin's user name and password.
+    """The demo admin's user name and password.
 
     Raises:
-        SystemExit: no credentials file (``make screenshots`` runs bootstrap_dev first).
+        SystemExit: no credentials file (the demo writes it before it serves).
     """
-    path = var / "dev-credentials.txt"
+    path = var / "demo-credentials.txt"
     if not path.exists():
-        raise SystemExit(f"{path} not found: run `make screenshots` (it runs bootstrap_dev)")
+        raise SystemExit(f"{path} not found: the demo did not write it")
     for line in path.read_text().splitlines():
         label, _, value = line.strip().partition(":")
         if label == "admin login":
@@ -132,7 +132,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "docs")
     args = parser.parse_args(argv)
     var = Path(os.environ.get("GATEWAY_VAR_DIR", ROOT / "var"))
-    user, password = admin_login(var)
     port = args.port or free_port()
     url = f"http://127.0.0.1:{port}"
     log = open(var / "screenshots-demo.log", "ab")  # noqa: SIM115 - the child writes it
@@ -145,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         wait_healthy(url, demo)
+        user, password = admin_login(var)  # written by the demo before it serves
         print(f"demo on {url}; {args.warm_up:g} s of traffic before the screenshots", flush=True)
         time.sleep(args.warm_up)
         for path in shoot(url, user, password, args.out):

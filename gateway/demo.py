@@ -1,6 +1,10 @@
 """``make demo`` (``python -m gateway.demo``): the whole system alive on one machine.
 
-On the embedded default (SQLite, in-memory channel layer) it starts:
+On the embedded default (SQLite, in-memory channel layer), in a database of
+its own (``var/demo.sqlite3``, migrated and given an admin login and token
+in ``var/demo-credentials.txt`` on first use), so nothing ``make run`` left
+in ``var/leasecast.sqlite3`` shows up in the demo and the demo leaves nothing
+there (``make reset`` forgets both), it starts:
 
 - the gateway (``python -m gateway.serve``), as its own process;
 - a Spark feed (``python -m spark_feed``, Spark's rate source) into the queue
@@ -18,7 +22,9 @@ On the embedded default (SQLite, in-memory channel layer) it starts:
 
 It prints the dashboard's address and login, a status line every five
 seconds, and on Ctrl-C (or SIGTERM) stops the clients, then the Spark feed,
-then the gateway, and exits 0.
+then the gateway, and exits 0. The admin token reaches the Spark feed
+through its environment (``LEASECAST_TOKEN``), never its command line, where
+``ps`` would show it to every user of the machine.
 """
 
 from __future__ import annotations
@@ -53,25 +59,20 @@ TOPIC = "demo.prices"
 
 @dataclass(frozen=True)
 class Credentials:
-    """What ``manage.py bootstrap_dev`` wrote to ``var/dev-credentials.txt``."""
+    """What ``manage.py bootstrap_dev`` wrote to the demo's credentials file."""
 
     token: str
     login: str | None
 
     @classmethod
-    def read(cls, var: Path) -> Credentials:
-        """The development token and login.
+    def read(cls, path: Path) -> Credentials:
+        """The development token and login kept in ``path``.
 
         Raises:
-            SystemExit: there is no credentials file (run ``make demo``, which
-                runs ``manage.py bootstrap_dev`` first).
+            SystemExit: there is no such file, or no token in it.
         """
-        path = var / "dev-credentials.txt"
         if not path.exists():
-            raise SystemExit(
-                f"{path} not found: `make demo` creates it (manage.py bootstrap_dev); "
-                "or set LEASECAST_TOKEN to an admin token"
-            )
+            raise SystemExit(f"{path} not found: manage.py bootstrap_dev did not write it")
         token, login = None, None
         for line in path.read_text().splitlines():
             label, _, value = line.strip().partition(":")
@@ -82,6 +83,37 @@ class Credentials:
         if not token:
             raise SystemExit(f"no admin token in {path}")
         return cls(token, login)
+
+
+def demo_environment(database: Path) -> dict[str, str]:
+    """This process's environment, pointed at the demo's own SQLite database."""
+    env = dict(os.environ)
+    # The demo is the embedded default: never a DATABASE_URL the shell had set.
+    env.pop("DATABASE_URL", None)
+    env["GATEWAY_SQLITE_PATH"] = str(database)
+    return env
+
+
+def prepare(env: dict[str, str], url: str, credentials: Path) -> Credentials:
+    """Migrate the demo's database and make its admin (first run only).
+
+    Raises:
+        SystemExit: ``manage.py`` failed (its output says why).
+    """
+    for args in (
+        ["migrate", "--noinput", "-v0"],
+        ["bootstrap_dev", "--url", url, "--credentials", str(credentials)],
+    ):
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "manage.py"), *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"manage.py {args[0]} failed:\n{done.stdout}{done.stderr}")
+    return Credentials.read(credentials)
 
 
 class Child:
@@ -314,6 +346,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--rate", type=float, default=20.0, help="orders per second into the queue (default 20)"
     )
     parser.add_argument("--no-spark", action="store_true", help="feed orders without Spark")
+    parser.add_argument(
+        "--database",
+        type=Path,
+        help="the demo's own SQLite file (default: demo.sqlite3 in var/, never make run's)",
+    )
     return parser
 
 
@@ -322,9 +359,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     var = Path(os.environ.get("GATEWAY_VAR_DIR", ROOT / "var"))
     var.mkdir(parents=True, exist_ok=True)
-    credentials = Credentials.read(var)
+    database = args.database or var / "demo.sqlite3"
     url = f"http://127.0.0.1:{args.port}"
-    env = dict(os.environ)
+    env = demo_environment(database)
+    credentials = prepare(env, url, var / "demo-credentials.txt")
     children: list[Child] = []
     stop = asyncio.Event()
     loop = asyncio.new_event_loop()
@@ -344,13 +382,14 @@ def main(argv: list[str] | None = None) -> int:
             feed = Child(
                 "spark",
                 [
-                    sys.executable, "-m", "spark_feed", "--url", url, "--token", credentials.token,
+                    sys.executable, "-m", "spark_feed", "--url", url,
                     "--queue", QUEUE, "--rate", str(max(1, int(args.rate))),
                     "--key-column", "value", "--trigger-seconds", "2",
                     "--checkpoint", str(var / "checkpoints" / "demo"),
                 ],
                 var / "demo-spark.log",
-                env,
+                # The token by environment: a command line is public (ps).
+                {**env, "LEASECAST_TOKEN": credentials.token},
             )  # fmt: skip
             children.append(feed)
             feed_line = f"Spark's rate source -> {QUEUE}, {args.rate:g} rows/s ({feed.log})"
@@ -363,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
             f"  admin:      {url}/admin/\n"
             f"  login:      {login}\n"
             f"  token:      {credentials.token}\n"
+            f"  database:   {database} (its own; make reset forgets it and make run's)\n"
             f"  feed:       {feed_line}\n"
             f"  workers:    steady, slow, crashy on {QUEUE}; a poison message every 10 s\n"
             f"  topic:      {TOPIC}: fast (drop_oldest), slow (drop_newest, drops), "

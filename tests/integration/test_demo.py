@@ -28,15 +28,38 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def credential(path: Path, label: str) -> str:
+    return next(
+        line.split(":", 1)[1].strip()
+        for line in path.read_text().splitlines()
+        if line.strip().startswith(label)
+    )
+
+
+def arguments_holding(secret: str) -> list[str]:
+    """The command lines of this machine's processes that contain ``secret`` (``ps`` shows them)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            args = cmdline.read_bytes().split(b"\0")
+            if any(secret.encode() in arg for arg in args):
+                found.append(b" ".join(args).decode(errors="replace"))
+    return found
+
+
 def test_demo_runs_every_part_and_stops_cleanly_on_ctrl_c() -> None:
     var = Path(tempfile.mkdtemp(prefix="leasecast-demo-"))
     env = base_env(var)
+    # What `make run` left behind: its database, with a queue of its own, and
+    # its credentials. The demo must touch neither.
     manage(env, "migrate", "--noinput", "-v0")
     manage(env, "bootstrap_dev")
-    token = next(
-        line.split(":", 1)[1].strip()
-        for line in (var / "dev-credentials.txt").read_text().splitlines()
-        if line.strip().startswith("admin token")
+    run_credentials = (var / "dev-credentials.txt").read_text()
+    manage(
+        env,
+        "shell",
+        "-c",
+        "import gateway; gateway.enqueue('leftover.jobs', {'from': 'make run'})",
     )
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -55,6 +78,12 @@ def test_demo_runs_every_part_and_stops_cleanly_on_ctrl_c() -> None:
         wait_for(lambda: "Ctrl-C stops everything" in log.read_text(), 120, "the banner")
         banner = log.read_text()
         assert f"{url}/dashboard/" in banner and "admin / " in banner
+        # Its own database and credentials, named in the banner.
+        assert (var / "demo.sqlite3").exists(), banner
+        assert "demo.sqlite3" in banner and "make reset" in banner
+        token = credential(var / "demo-credentials.txt", "admin token")
+        assert token != credential(var / "dev-credentials.txt", "admin token")
+        assert (var / "dev-credentials.txt").read_text() == run_credentials
 
         def sockets() -> list[dict[str, Any]]:
             status, stats = http("GET", f"{url}/api/stats", token)
@@ -74,6 +103,12 @@ def test_demo_runs_every_part_and_stops_cleanly_on_ctrl_c() -> None:
             )
 
         wait_for(alive, 120, f"workers acking and subscribers receiving:\n{log.read_text()}")
+        # make run's leftovers are not the demo's: no leftover queue, no alert from it.
+        queues = http("GET", f"{url}/api/stats", token)[1]["queues"]
+        assert "leftover.jobs" not in {q["name"] for q in queues}, queues
+        # Every part is running now (the Spark feed too, when it can): none of
+        # them has the admin token on its command line, where ps shows it.
+        assert arguments_holding(token) == []
         # The poison message is nacked until it is dead-lettered.
         wait_for(
             lambda: http("GET", f"{url}/api/queues/demo.orders", token)[1].get("dead", 0) >= 1,
