@@ -24,17 +24,75 @@ _PATTERN_RE = re.compile(r"[A-Za-z0-9._*-]{1,200}")
 MAX_SCOPES = 1000
 
 
+class Glob:
+    """A scope pattern, matched in time linear in the name's length.
+
+    ``*`` matches any run of characters (none included) and every other
+    character matches itself, as :func:`fnmatch.fnmatchcase` reads the
+    characters scopes allow. A regular expression made of the pattern
+    (``.*a.*a.*b``) backtracks: ``*a*a*a*a*a*a*b`` against a 60-character
+    name took 2.3 s of the event loop. Here the name must start with the
+    piece before the first star and end with the piece after the last; the
+    pieces between are found left to right, each after the one before,
+    never looking back. The leftmost place of each piece leaves the most
+    room to the ones after it, so if any placement fits, this one does.
+    """
+
+    __slots__ = ("_head", "_middle", "_tail", "pattern")
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        parts = pattern.split("*")
+        self._head = parts[0]
+        self._tail: str | None = parts[-1] if len(parts) > 1 else None
+        self._middle = tuple(part for part in parts[1:-1] if part)
+
+    def match(self, name: str, steps: list[int] | None = None) -> bool:
+        """Does ``name`` match, as a whole?
+
+        Args:
+            name: a queue or topic name.
+            steps: if given, ``steps[0]`` is increased by the characters of
+                the name passed over and one per piece searched (tests: it
+                stays within the name's length plus the pieces).
+        """
+        head, tail = self._head, self._tail
+        if tail is None:
+            return name == head
+        end = len(name) - len(tail)
+        if end < len(head) or not name.startswith(head) or not name.endswith(tail):
+            return False
+        position = len(head)
+        for piece in self._middle:
+            found = name.find(piece, position, end)
+            if steps is not None:
+                steps[0] += 1 + ((found + len(piece)) if found >= 0 else end) - position
+            if found < 0:
+                return False
+            position = found + len(piece)
+        return True
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Glob) and other.pattern == self.pattern
+
+    def __hash__(self) -> int:
+        return hash(self.pattern)
+
+    def __repr__(self) -> str:
+        return f"Glob({self.pattern!r})"
+
+
 @dataclass(frozen=True, slots=True)
 class Grant:
     """One parsed scope: an action and the compiled name pattern."""
 
     action: str
     pattern: str
-    regex: re.Pattern[str] = field(compare=False)
+    glob: Glob = field(compare=False)
 
     def matches(self, action: str, name: str) -> bool:
         """True if this grant allows ``action`` on ``name``."""
-        return self.action == action and self.regex.fullmatch(name) is not None
+        return self.action == action and self.glob.match(name)
 
 
 def parse_scope(scope: str) -> Grant | Literal["admin"]:
@@ -47,7 +105,7 @@ def parse_scope(scope: str) -> Grant | Literal["admin"]:
         return "admin"
     if scope == "metrics":
         # Bare, like admin, but grants reading GET /metrics only.
-        return Grant("metrics", "", re.compile(""))
+        return Grant("metrics", "", Glob(""))
     action, sep, pattern = scope.partition(":")
     if not sep or action not in ACTIONS:
         raise Invalid(
@@ -56,8 +114,7 @@ def parse_scope(scope: str) -> Grant | Literal["admin"]:
         )
     if _PATTERN_RE.fullmatch(pattern) is None:
         raise Invalid(f"scope pattern {pattern!r} may hold only [A-Za-z0-9._-] and '*'")
-    regex = re.compile(".*".join(re.escape(part) for part in pattern.split("*")))
-    return Grant(action, pattern, regex)
+    return Grant(action, pattern, Glob(pattern))
 
 
 def parse_scopes(scopes: object) -> tuple[str, ...]:
