@@ -55,7 +55,8 @@ def _tasks_api() -> tuple[Any, Any, Any, type[Exception]]:
         exceptions = importlib.import_module(f"{package}.exceptions")
         return backends, base, exceptions, getattr(exceptions, invalid)
     raise ImproperlyConfigured(
-        "gateway.tasks needs django.tasks (Django 6.0+) or the django-tasks package (Django 5.2)"
+        "gateway.tasks needs django.tasks (Django 6.0+) or the django-tasks package (Django "
+        "5.2: pip install 'leasecast-gateway[django52]')"
     )
 
 

@@ -24,8 +24,8 @@ from gateway.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        # Static files (the admin's, the dashboard's) straight from the apps;
-        # a deployment serves them from STATIC_ROOT instead.
+        # Static files (the admin's, the dashboard's) straight from the apps,
+        # with DEBUG on or off (docs/tasks.md, "Static files").
         "http": ASGIStaticFilesHandler(django_asgi_app),
         "websocket": URLRouter(
             [

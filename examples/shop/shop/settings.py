@@ -11,11 +11,6 @@ import os
 from pathlib import Path
 
 import dj_database_url
-import django_stubs_ext
-
-# Leasecast: its admin pages (the "dashboard" app) subscript Django's classes
-# at run time (ModelAdmin[Queue]), which this makes possible.
-django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
