@@ -637,3 +637,90 @@ async def test_history_and_alerts_cover_every_process(
         await page.wait_for_selector("#status.live", timeout=10_000)
         assert await page.evaluate(CHART_PEAK, "acked") > 0.3  # kept by A
         await page.close()
+
+
+#: What sticks out to the right of a 390-px phone screen: the page's own
+#: sideways scroll, and every element (outside a table's scroll box) that ends past it.
+PHONE_OVERFLOW = """(width) => {
+    const out = [];
+    const page = document.scrollingElement.scrollWidth;
+    if (page > width) out.push(`the page is ${page} px wide`);
+    const nodes = 'header *, main > *, section > *, .section-head *';
+    for (const node of document.querySelectorAll(nodes)) {
+        if (!node.offsetParent || node.closest('.table-scroll')) continue;
+        const r = node.getBoundingClientRect();
+        if (r.width && r.right > width + 0.5)
+            out.push(`${node.tagName}#${node.id}.${node.className} ends at ${Math.round(r.right)}`);
+    }
+    return out;
+}"""
+
+
+async def test_the_dashboard_is_usable_on_a_390_px_phone(
+    browser: Any, site: GatewayProcess, token: str
+) -> None:
+    queue, topic = unique("phone" + "q" * 40), unique("phone-prices")
+    async with (
+        await Socket.open(f"{site.ws}/ws/produce/", token) as producer,
+        await Socket.open(f"{site.ws}/ws/queues/{queue}/?prefetch=2", token),
+        await Socket.open(f"{site.ws}/ws/topics/{topic}/?capacity=1&credit=0", token),
+    ):
+        for i in range(3):
+            await producer.request({"op": "enqueue", "queue": queue, "body": {"i": i}})
+            await producer.request({"op": "publish", "topic": topic, "body": i})
+        page = await staff_page(browser, site, width=1280)
+        await page.wait_for_selector(f"#queues tr[data-queue='{queue}']", timeout=10_000)
+        await page.screenshot(path=str(site.var_dir / "phone-check-1280.png"), full_page=True)
+        await page.set_viewport_size({"width": 390, "height": 844})
+        await page.evaluate("() => new Promise((r) => setTimeout(r, 1200))")  # a tick
+        await page.screenshot(path=str(site.var_dir / "phone-390.png"), full_page=True)
+        assert await page.evaluate(PHONE_OVERFLOW, 390) == []
+        # The wide tables scroll inside their own box, and their rows still work:
+        # the queue's messages open from its row.
+        box = page.locator("#queues").locator("xpath=..")
+        assert await box.evaluate("(b) => b.classList.contains('table-scroll')")
+        await page.fill("#queue-filter", queue)
+        await page.locator(f"#queues tr[data-queue='{queue}'] button.browse").click()
+        await page.wait_for_selector("#messages tr[data-id]", timeout=5000)
+        assert await page.evaluate(PHONE_OVERFLOW, 390) == []
+    await page.close()
+
+
+@pytest.fixture
+def empty_site() -> Iterator[GatewayProcess]:
+    """A gateway nobody has used yet: no queue, no topic, no socket."""
+    var = Path(tempfile.mkdtemp(prefix="leasecast-empty-"))
+    with sqlite_database(var) as env:
+        gateway = GatewayProcess(env, var, name="empty")
+        gateway.manage(
+            "shell",
+            "-c",
+            "from django.contrib.auth.models import User;"
+            f"User.objects.create_superuser({STAFF!r}, 'ops@example.com', {PASSWORD!r})",
+        )
+        gateway.start()
+        yield gateway
+        gateway.stop()
+
+
+async def test_an_empty_dashboard_says_what_to_do_next(
+    browser: Any, empty_site: GatewayProcess
+) -> None:
+    page = await staff_page(browser, empty_site)
+    hint = page.locator("#empty-hint")
+    await hint.wait_for(state="visible", timeout=5000)
+    text = await hint.inner_text()
+    assert "consume emails.welcome" in text and "enqueue emails.welcome" in text, text
+    assert "make demo" in text, text
+    await page.screenshot(path=str(empty_site.var_dir / "empty.png"), full_page=True)
+    # Once there is something to show, the hint goes away.
+    token = empty_site.issue_token("admin", name="empty")
+    status, _ = await ahttp(
+        "POST",
+        f"{empty_site.http}/api/queues/first/messages",
+        token,
+        {"messages": [{"body": 1}]},
+    )
+    assert status == 200
+    await hint.wait_for(state="hidden", timeout=5000)
+    await page.close()

@@ -606,6 +606,13 @@ function disconnect(process, id) {
   socket.send(JSON.stringify({ op: "disconnect", process, socket: id }));
 }
 
+// A gateway nobody uses yet says what to do next instead of showing empty tables.
+function renderEmptyHint(snapshot) {
+  const used = (snapshot.queues || []).length > 0 || snapshot.processes.some(
+    (p) => p.topics.length > 0 || p.sockets.some((s) => s.kind !== "dashboard"));
+  document.getElementById("empty-hint").hidden = used;
+}
+
 // -- the loop --------------------------------------------------------------------
 
 function renderAll() {
@@ -615,6 +622,7 @@ function renderAll() {
   const names = snapshot.processes.map((p) => p.name);
   setText(document.getElementById("processes"),
     `${names.length} gateway process${names.length === 1 ? "" : "es"}: ${names.join(", ")}`);
+  renderEmptyHint(snapshot);
   renderCharts();
   renderAlerts(snapshot);
   renderHeatmap();
