@@ -10,10 +10,12 @@ from typing import Any
 
 import django_stubs_ext
 from django import forms
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 from django.utils import timezone
+from django.utils.cache import patch_cache_control
 from django.utils.html import format_html, format_html_join
 
 from dashboard import operations
@@ -255,6 +257,10 @@ class TokenForm(forms.ModelForm[Token]):
         return scopes
 
 
+#: Where save_model leaves a new token's secret for response_add (this request only).
+_NEW_SECRET = "_leasecast_new_token_secret"
+
+
 @admin.register(Token)
 class TokenAdmin(admin.ModelAdmin[Token]):
     form = TokenForm
@@ -269,12 +275,30 @@ class TokenAdmin(admin.ModelAdmin[Token]):
             secret = "lc_" + secrets.token_urlsafe(32)
             obj.token_hash = hash_token(secret)
             super().save_model(request, obj, form, change)
-            # Shown once: only the hash is stored.
-            messages.warning(
-                request, f"Token for {obj.name}: {secret} (copy it now; it is not stored)"
-            )
+            # Shown once, by response_add: only the hash is stored, and a
+            # message would keep the secret in the "messages" cookie (signed,
+            # not encrypted) or the session until the next page.
+            setattr(request, _NEW_SECRET, secret)
             return
         super().save_model(request, obj, form, change)
+
+    def response_add(
+        self, request: HttpRequest, obj: Token, post_url_continue: str | None = None
+    ) -> HttpResponse:
+        """The new token's secret, in this answer only (not cached, no cookie)."""
+        secret = getattr(request, _NEW_SECRET, None)
+        if secret is None:
+            return super().response_add(request, obj, post_url_continue)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "token": obj,
+            "secret": secret,
+            "title": f"Token {obj.name} added",
+        }
+        response = TemplateResponse(request, "admin/gateway/token/issued.html", context)
+        patch_cache_control(response, no_store=True, private=True)
+        return response
 
     @admin.action(description="Revoke selected tokens")
     def revoke_tokens(self, request: HttpRequest, queryset: QuerySet[Token]) -> None:

@@ -121,7 +121,14 @@ def principal_for_signed(secret: str) -> Principal | None:
     """
     key = gateway_settings().signing_key
     try:
-        claims = verify_signed_token(secret, key.encode())
+        checks = gateway_settings()
+        claims = verify_signed_token(
+            secret,
+            key.encode(),
+            max_ttl=checks.signing_max_ttl,
+            audience=checks.signing_audience or None,
+            issuer=checks.signing_issuer or None,
+        )
     except Unauthorized as exc:
         now = time.monotonic()
         if not key and now - _no_key_logged[0] > 60:

@@ -53,6 +53,11 @@ class GatewaySettings:
     allowed_hosts: tuple[str, ...] = ("127.0.0.1", "localhost", "[::1]")
     #: HS256 key of signed tokens (gateway.tokens); empty: signed tokens are refused
     signing_key: str = field(default="", repr=False)  # never in a log line
+    #: the longest a signed token may still live when used, seconds; 0: no maximum
+    signing_max_ttl: float = 86400.0
+    #: the ``aud`` and ``iss`` a signed token must carry; empty: not looked at
+    signing_audience: str = ""
+    signing_issuer: str = ""
     #: seconds between this process's checks that its sockets' stored tokens still stand
     token_check_interval: float = 2.0
     # -- per-token limits (off by default)
@@ -107,6 +112,9 @@ def gateway_settings() -> GatewaySettings:
         allowed_origins=tuple(_setting("GATEWAY_ALLOWED_ORIGINS", d.allowed_origins)),
         allowed_hosts=tuple(settings.ALLOWED_HOSTS),
         signing_key=_setting("GATEWAY_SIGNING_KEY", d.signing_key) or "",
+        signing_max_ttl=float(_setting("GATEWAY_SIGNING_MAX_TTL", d.signing_max_ttl)),
+        signing_audience=_setting("GATEWAY_SIGNING_AUDIENCE", d.signing_audience) or "",
+        signing_issuer=_setting("GATEWAY_SIGNING_ISSUER", d.signing_issuer) or "",
         token_check_interval=_setting("GATEWAY_TOKEN_CHECK_INTERVAL", d.token_check_interval),
         token_limits=RateLimits(
             max_sockets=_setting("GATEWAY_TOKEN_MAX_SOCKETS", d.token_limits.max_sockets),

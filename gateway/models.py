@@ -9,10 +9,12 @@ SQL compares them on SQLite and PostgreSQL.
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 import time
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db import models
 
 from gateway.leases import (
@@ -25,6 +27,16 @@ from gateway.leases import (
 )
 
 _DEFAULTS = DEFAULT_QUEUE_SETTINGS
+#: Queue and topic names (the protocol's: Authentication).
+_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
+
+
+def _check_name(name: str, what: str) -> None:
+    """Refuse a name the protocol cannot address (the admin's forms call this)."""
+    if _NAME_RE.fullmatch(name or "") is None:
+        raise ValidationError(
+            {"name": f"A {what} name is 1-200 characters of A-Z, a-z, 0-9, '.', '_' and '-'."}
+        )
 
 
 def _now() -> float:
@@ -67,6 +79,10 @@ class Queue(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def clean(self) -> None:
+        """Only names the protocol can use (workers, producers and scopes name them)."""
+        _check_name(self.name, "queue")
+
 
 class Topic(models.Model):
     """A broadcast topic's stored settings (protocol 1.1: Topics: history, offsets and resume).
@@ -93,6 +109,10 @@ class Topic(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        """Only names the protocol can use (subscribers, publishers and scopes name them)."""
+        _check_name(self.name, "topic")
 
 
 class Message(models.Model):

@@ -284,5 +284,10 @@ GATEWAY_TOKEN_BURST = _env_number("GATEWAY_TOKEN_BURST", 0.0)  # 0: two seconds 
 # Signed tokens (JWT HS256, gateway.tokens): the key, shared with the application
 # that mints them. Unset: signed tokens are refused.
 GATEWAY_SIGNING_KEY = os.environ.get("GATEWAY_SIGNING_KEY", "")
+# The longest a signed token may still live when used (seconds, a day; 0: no
+# maximum), and the audience and issuer it must carry (unset: not looked at).
+GATEWAY_SIGNING_MAX_TTL = _env_number("GATEWAY_SIGNING_MAX_TTL", 86400.0)
+GATEWAY_SIGNING_AUDIENCE = os.environ.get("GATEWAY_SIGNING_AUDIENCE", "")
+GATEWAY_SIGNING_ISSUER = os.environ.get("GATEWAY_SIGNING_ISSUER", "")
 # Seconds between each process's checks for revoked stored tokens of its sockets.
 GATEWAY_TOKEN_CHECK_INTERVAL = _env_number("GATEWAY_TOKEN_CHECK_INTERVAL", 2.0)

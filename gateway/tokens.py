@@ -9,6 +9,16 @@ checks the signature and the claims on every use.
   the clock is before ``exp``.
 - ``scopes``: a list of scope strings, with the syntax of stored tokens'
   scopes (:mod:`gateway.scopes`). Left out, the token may do nothing.
+- ``aud`` and ``iss``: looked at only when the gateway is bound to an
+  audience (``GATEWAY_SIGNING_AUDIENCE``) or an issuer
+  (``GATEWAY_SIGNING_ISSUER``); then a token must carry the same (``aud`` may
+  be a list holding it), so a key shared with other services does not make
+  their tokens good here.
+
+``exp`` must be a finite number no more than ``GATEWAY_SIGNING_MAX_TTL``
+seconds (default a day) after now: a token that would live longer, or whose
+``exp`` is NaN or infinite (NaN compares false with every time, so it never
+expired), is refused.
 
 A Django project hands one to the page of a logged-in user::
 
@@ -26,6 +36,7 @@ the token's contents.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -37,6 +48,7 @@ from gateway.scopes import Principal, parse_scopes
 
 __all__ = [
     "ALGORITHM",
+    "DEFAULT_MAX_TTL",
     "MAX_SUBJECT_LENGTH",
     "SignedClaims",
     "is_signed_token",
@@ -50,6 +62,12 @@ __all__ = [
 ALGORITHM = "HS256"
 #: Longest ``sub`` accepted.
 MAX_SUBJECT_LENGTH = 200
+#: ``GATEWAY_SIGNING_MAX_TTL``'s default: the longest a signed token may still
+#: live when it is used, in seconds (a day).
+DEFAULT_MAX_TTL = 86400.0
+#: How far ahead of this process's clock the minting application's may be:
+#: a token minted for exactly the maximum is not refused for it.
+CLOCK_SLACK = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +102,9 @@ def signed_token(
     *,
     key: str | None = None,
     now: float | None = None,
+    audience: str | None = None,
+    issuer: str | None = None,
+    max_ttl: float | None = None,
 ) -> str:
     """Mint a signed token for ``sub`` with ``scopes``, valid for ``ttl`` seconds.
 
@@ -94,12 +115,19 @@ def signed_token(
             times are integers), more than 0.
         key: the signing key; by default the ``GATEWAY_SIGNING_KEY`` setting.
         now: the current Unix time (for tests); by default the clock.
+        audience: the ``aud`` claim; without ``key``, by default the
+            ``GATEWAY_SIGNING_AUDIENCE`` setting (none if unset).
+        issuer: the ``iss`` claim; without ``key``, by default the
+            ``GATEWAY_SIGNING_ISSUER`` setting (none if unset).
+        max_ttl: the longest ``ttl`` allowed; by default the
+            ``GATEWAY_SIGNING_MAX_TTL`` setting without ``key``, else a day.
 
     Returns:
         The token, to send as ``Authorization: Bearer TOKEN`` or ``?token=TOKEN``.
 
     Raises:
-        Invalid: an empty or over-long ``sub``, a bad scope, or ``ttl`` not above 0.
+        Invalid: an empty or over-long ``sub``, a bad scope, ``ttl`` not above
+            0 or over the maximum, an empty ``audience`` or ``issuer``.
         django.core.exceptions.ImproperlyConfigured: no ``key`` and no
             ``GATEWAY_SIGNING_KEY`` setting.
     """
@@ -112,24 +140,59 @@ def signed_token(
 
         from gateway.conf import gateway_settings
 
-        key = gateway_settings().signing_key
+        configured = gateway_settings()
+        key = configured.signing_key
         if not key:
             raise ImproperlyConfigured("GATEWAY_SIGNING_KEY is not set: signed tokens are off")
+        audience = (configured.signing_audience or None) if audience is None else audience
+        issuer = (configured.signing_issuer or None) if issuer is None else issuer
+        max_ttl = configured.signing_max_ttl if max_ttl is None else max_ttl
     if not key:
         raise Invalid("the signing key must not be empty")
+    limit = DEFAULT_MAX_TTL if max_ttl is None else max_ttl
+    if limit > 0 and ttl > limit:
+        raise Invalid(
+            f"ttl {ttl:g} s is over the longest a token may live "
+            f"({limit:g} s, GATEWAY_SIGNING_MAX_TTL)"
+        )
     issued = time.time() if now is None else now
     exp = int(-(-(issued + ttl) // 1))  # ceil: never shorter than asked
-    claims = {"sub": sub, "exp": exp, "iat": int(issued), "scopes": list(checked)}
+    claims: dict[str, object] = {
+        "sub": sub,
+        "exp": exp,
+        "iat": int(issued),
+        "scopes": list(checked),
+    }
+    for name, value in (("aud", audience), ("iss", issuer)):
+        if value is not None:
+            if not isinstance(value, str) or not value:
+                raise Invalid(
+                    f"{'audience' if name == 'aud' else 'issuer'} must be a non-empty string"
+                )
+            claims[name] = value
     return jwt.encode(claims, key.encode(), algorithm=ALGORITHM)
 
 
-def verify_signed_token(token: str, key: bytes, *, now: float | None = None) -> SignedClaims:
+def verify_signed_token(
+    token: str,
+    key: bytes,
+    *,
+    now: float | None = None,
+    max_ttl: float = DEFAULT_MAX_TTL,
+    audience: str | None = None,
+    issuer: str | None = None,
+) -> SignedClaims:
     """Check a signed token's signature and claims.
 
     Args:
         token: the bearer secret.
         key: the signing key's bytes; empty means signed tokens are off.
         now: the current Unix time (for tests); by default the clock.
+        max_ttl: the longest a token may still live, seconds
+            (``GATEWAY_SIGNING_MAX_TTL``; :data:`CLOCK_SLACK` more is allowed
+            for the minter's clock); 0 is no maximum.
+        audience: if given, the ``aud`` the token must carry (or list).
+        issuer: if given, the ``iss`` the token must carry.
 
     Returns:
         The claims, once every check passed.
@@ -137,8 +200,10 @@ def verify_signed_token(token: str, key: bytes, *, now: float | None = None) -> 
     Raises:
         Unauthorized: no key configured; not a JWT; another algorithm than
             HS256 (``none`` included); a wrong signature; ``exp`` or ``sub``
-            missing or of the wrong type; expired (``now`` at or past
-            ``exp``); ``scopes`` not a list of valid scope strings.
+            missing or of the wrong type; ``exp`` not finite, or more than
+            ``max_ttl`` ahead; expired (``now`` at or past ``exp``);
+            ``scopes`` not a list of valid scope strings; ``aud`` or ``iss``
+            other than the ``audience`` or ``issuer`` asked for.
     """
     if not key:
         # Never check against an empty key: anyone could sign with it.
@@ -156,7 +221,14 @@ def verify_signed_token(token: str, key: bytes, *, now: float | None = None) -> 
             token,
             key,
             algorithms=[ALGORITHM],
-            options={"verify_exp": False, "verify_sub": False, "require": ["exp", "sub"]},
+            options={
+                "verify_exp": False,
+                "verify_sub": False,
+                # aud and iss are checked below, only when the gateway is bound.
+                "verify_aud": False,
+                "verify_iss": False,
+                "require": ["exp", "sub"],
+            },
         )
     except jwt.MissingRequiredClaimError as exc:
         raise Unauthorized(f"signed token without the {exc.claim!r} claim") from None
@@ -169,14 +241,35 @@ def verify_signed_token(token: str, key: bytes, *, now: float | None = None) -> 
     exp = claims["exp"]
     if not isinstance(exp, int | float) or isinstance(exp, bool):
         raise Unauthorized("signed token whose 'exp' is not a number")
-    if (time.time() if now is None else now) >= exp:
+    if not math.isfinite(exp):
+        raise Unauthorized("signed token whose 'exp' is not a finite number")
+    clock = time.time() if now is None else now
+    if clock >= exp:
         raise Unauthorized("signed token expired")
+    if max_ttl > 0 and exp - clock > max_ttl + CLOCK_SLACK:
+        raise Unauthorized(
+            f"signed token whose 'exp' is more than {max_ttl:g} s ahead (GATEWAY_SIGNING_MAX_TTL)"
+        )
+    _check_binding(claims, audience, issuer)
     try:
         sub = _check_subject(claims["sub"])
         scopes = parse_scopes(claims.get("scopes", []))
     except Invalid as exc:
         raise Unauthorized(f"signed token with bad claims: {exc.detail[:200]}") from None
     return SignedClaims(sub=sub, exp=float(exp), scopes=scopes)
+
+
+def _check_binding(claims: dict[str, object], audience: str | None, issuer: str | None) -> None:
+    """The token's ``aud``/``iss`` against the gateway's audience and issuer, when bound."""
+    if audience is not None:
+        aud = claims.get("aud")
+        audiences = aud if isinstance(aud, list) else [aud]
+        if audience not in [a for a in audiences if isinstance(a, str)]:
+            raise Unauthorized(
+                "signed token without this gateway's 'aud' (GATEWAY_SIGNING_AUDIENCE)"
+            )
+    if issuer is not None and claims.get("iss") != issuer:
+        raise Unauthorized("signed token without this gateway's 'iss' (GATEWAY_SIGNING_ISSUER)")
 
 
 def principal_for_claims(claims: SignedClaims) -> Principal:

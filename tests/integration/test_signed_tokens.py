@@ -161,6 +161,11 @@ def _bad_tokens() -> dict[str, str]:
         "missing-exp": jwt.encode({"sub": "7", "scopes": ["admin"]}, KEY, algorithm="HS256"),
         "missing-sub": jwt.encode({"exp": now + 600, "scopes": ["admin"]}, KEY, algorithm="HS256"),
         "bad-scopes": jwt.encode({**good_claims, "scopes": "admin"}, KEY, algorithm="HS256"),
+        # exp that never comes (issue 22.12): NaN compared false with every time.
+        "exp-nan": jwt.encode({**good_claims, "exp": float("nan")}, KEY, algorithm="HS256"),
+        "exp-infinity": jwt.encode({**good_claims, "exp": float("inf")}, KEY, algorithm="HS256"),
+        "exp-1e308": jwt.encode({**good_claims, "exp": 1e308}, KEY, algorithm="HS256"),
+        "over-max-ttl": jwt.encode({**good_claims, "exp": now + 2 * 86400}, KEY, algorithm="HS256"),
     }
 
 
@@ -198,6 +203,39 @@ async def test_a_gateway_without_a_signing_key_refuses_signed_tokens_and_says_wh
         finally:
             process.stop()
         assert "GATEWAY_SIGNING_KEY is not set" in process.log_text()
+
+
+async def test_a_gateway_bound_to_an_audience_and_issuer_takes_only_its_tokens(
+    tmp_path: Path,
+) -> None:
+    with sqlite_database(tmp_path) as env:
+        env.update(
+            GATEWAY_SIGNING_KEY=KEY,
+            GATEWAY_SIGNING_AUDIENCE="gw-eu",
+            GATEWAY_SIGNING_ISSUER="shop",
+            GATEWAY_SIGNING_MAX_TTL="600",
+        )
+        process = GatewayProcess(env, tmp_path, name="bound")
+        process.start()
+        try:
+
+            def token(ttl: float = 60, **binding: str) -> str:
+                return signed_token("7", ["admin"], ttl, key=KEY, max_ttl=7200, **binding)
+
+            good = token(audience="gw-eu", issuer="shop")
+            assert await refused_status(f"{process.ws}/ws/produce/", good) is None
+            assert http("GET", f"{process.http}/api/stats", good)[0] == 200
+            for bad in (
+                token(),  # no aud, no iss
+                token(audience="gw-us", issuer="shop"),  # another gateway's
+                token(audience="gw-eu", issuer="billing"),  # another application's
+                token(3600, audience="gw-eu", issuer="shop"),  # longer than 600 s
+            ):
+                assert await refused_status(f"{process.ws}/ws/produce/", bad) == 403
+                status, reply = http("GET", f"{process.http}/api/stats", bad)
+                assert status == 401 and reply["error"] == "unauthorized", reply
+        finally:
+            process.stop()
 
 
 # -- lifetime: 4401 at exp, refresh

@@ -18,6 +18,7 @@ import pytest
 from gateway.errors import Invalid, Unauthorized
 from gateway.scopes import MAX_SCOPES, parse_scopes
 from gateway.tokens import (
+    DEFAULT_MAX_TTL,
     is_signed_token,
     principal_for_claims,
     signed_token,
@@ -291,3 +292,61 @@ async def test_revocation_watch_runs_only_while_it_watches_sockets() -> None:
     await asyncio.sleep(0)
     assert task is not None and task.cancelled() and not watch.running()
     assert a.revoked == 0 and b.revoked == 0
+
+
+# -- lifetime and binding (issue 22.12)
+
+
+@pytest.mark.parametrize("exp", [float("nan"), float("inf"), float("-inf"), 1e308, NOW + 10**9])
+def test_exp_that_never_comes_is_refused(exp: float) -> None:
+    # NaN compares false with every clock reading, so "now >= exp" never held.
+    detail = _refusal(_signed({"sub": "a", "exp": exp}))
+    assert "exp" in detail
+
+
+def test_a_lifetime_over_the_maximum_is_refused() -> None:
+    token = _signed({"sub": "a", "exp": int(NOW) + 3600})
+    verify_signed_token(token, KEYB, now=NOW, max_ttl=3600)
+    with pytest.raises(Unauthorized, match="GATEWAY_SIGNING_MAX_TTL"):
+        verify_signed_token(token, KEYB, now=NOW, max_ttl=600)
+    # Once enough of it has passed, what is left is within the maximum.
+    verify_signed_token(token, KEYB, now=NOW + 3000, max_ttl=600)
+    # The default maximum is a day.
+    assert DEFAULT_MAX_TTL == 86400
+    verify_signed_token(_signed({"sub": "a", "exp": int(NOW) + 86400}), KEYB, now=NOW)
+    assert "GATEWAY_SIGNING_MAX_TTL" in _refusal(_signed({"sub": "a", "exp": int(NOW) + 86400 * 2}))
+
+
+def test_minting_refuses_a_ttl_over_the_maximum() -> None:
+    with pytest.raises(Invalid, match="GATEWAY_SIGNING_MAX_TTL"):
+        signed_token("a", [], ttl=86400 * 2, key=KEY)
+    with pytest.raises(Invalid, match="GATEWAY_SIGNING_MAX_TTL"):
+        signed_token("a", [], ttl=601, key=KEY, max_ttl=600)
+    signed_token("a", [], ttl=86400, key=KEY)
+
+
+def test_audience_and_issuer_bind_a_token_when_configured() -> None:
+    bound = signed_token("a", [], ttl=60, key=KEY, now=NOW, audience="gw-eu", issuer="shop")
+    claims = jwt.decode(
+        bound, KEY, algorithms=["HS256"], options={"verify_exp": False, "verify_aud": False}
+    )
+    assert claims["aud"] == "gw-eu" and claims["iss"] == "shop"
+    verify_signed_token(bound, KEYB, now=NOW, audience="gw-eu", issuer="shop")
+    # Not configured: the claims are not looked at.
+    verify_signed_token(bound, KEYB, now=NOW)
+    unbound = signed_token("a", [], ttl=60, key=KEY, now=NOW)
+    for token, audience, issuer, what in (
+        (unbound, "gw-eu", None, "aud"),
+        (unbound, None, "shop", "iss"),
+        (bound, "gw-us", None, "aud"),
+        (bound, None, "billing", "iss"),
+    ):
+        with pytest.raises(Unauthorized, match=what):
+            verify_signed_token(token, KEYB, now=NOW, audience=audience, issuer=issuer)
+    # A list of audiences binds it to each of them (RFC 7519).
+    listed = _signed({"sub": "a", "exp": int(NOW) + 10, "aud": ["gw-us", "gw-eu"]})
+    verify_signed_token(listed, KEYB, now=NOW, audience="gw-eu")
+    with pytest.raises(Unauthorized, match="aud"):
+        verify_signed_token(
+            _signed({"sub": "a", "exp": int(NOW) + 10, "aud": 7}), KEYB, now=NOW, audience="7"
+        )
