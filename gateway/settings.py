@@ -15,6 +15,7 @@ embedded default, with a secret key made once under ``var/``.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -151,11 +152,35 @@ TEMPLATES = [
 
 # -- storage (design decisions 1-3) -------------------------------------------
 
+
+def _private_sqlite_file(path: Path) -> None:
+    """Make the SQLite file readable by its owner only (it holds session keys).
+
+    Created 0600 before any connection opens it (SQLite creates its WAL and
+    shared-memory files with the database file's mode); an existing file, and
+    companions of it, left readable by others are tightened.
+
+    Raises:
+        ImproperlyConfigured: the file cannot be created or its mode changed.
+    """
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        for companion in ("", "-wal", "-shm", "-journal"):
+            file = path.with_name(path.name + companion)
+            if file.exists() and file.stat().st_mode & 0o077:
+                file.chmod(0o600)
+    except OSError as exc:
+        raise ImproperlyConfigured(
+            f"cannot make the SQLite database {path} private (mode 0600): {exc}"
+        ) from exc
+
+
 if os.environ.get("DATABASE_URL"):
     DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"], conn_max_age=0)}
 else:
     _sqlite_path = Path(os.environ.get("GATEWAY_SQLITE_PATH", VAR_DIR / "leasecast.sqlite3"))
     _sqlite_path.parent.mkdir(parents=True, exist_ok=True)
+    _private_sqlite_file(_sqlite_path)
     _synchronous = os.environ.get("GATEWAY_SQLITE_SYNCHRONOUS", "NORMAL")
     DATABASES = {
         "default": {
@@ -200,7 +225,25 @@ else:
 
 # -- web --------------------------------------------------------------------
 
-AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = []
+# Django's four password validators in production (the admin's passwords);
+# development keeps `make run`'s short dev password possible.
+AUTH_PASSWORD_VALIDATORS: list[dict[str, str]] = (
+    [
+        {"NAME": f"django.contrib.auth.password_validation.{name}"}
+        for name in (
+            "UserAttributeSimilarityValidator",
+            "MinimumLengthValidator",
+            "CommonPasswordValidator",
+            "NumericPasswordValidator",
+        )
+    ]
+    if PRODUCTION
+    else []
+)
+# Password logins throttled per user name and client address (gateway.login_throttle).
+AUTHENTICATION_BACKENDS = ["gateway.login_throttle.ThrottledModelBackend"]
+GATEWAY_LOGIN_FAILURES = int(_env_number("GATEWAY_LOGIN_FAILURES", 5))
+GATEWAY_LOGIN_LOCKOUT = _env_number("GATEWAY_LOGIN_LOCKOUT", 300.0)
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False
@@ -275,6 +318,49 @@ GATEWAY_ALLOWED_ORIGINS = [
     for origin in os.environ.get("GATEWAY_ALLOWED_ORIGINS", "").split(",")
     if origin.strip()
 ]
+# Cross-site request forgery: origins whose pages may post to the admin and
+# the API with the session (a proxy that rewrites Host); default the ones above.
+CSRF_TRUSTED_ORIGINS = [
+    origin.strip().rstrip("/")
+    for origin in os.environ.get(
+        "GATEWAY_CSRF_TRUSTED_ORIGINS", ",".join(GATEWAY_ALLOWED_ORIGINS)
+    ).split(",")
+    if origin.strip()
+]
+
+
+def _proxy_ssl_header(name: str) -> tuple[str, str] | None:
+    """``SECURE_PROXY_SSL_HEADER`` for the header a TLS proxy sets (``X-Forwarded-Proto``)."""
+    name = name.strip()
+    if not name:
+        return None
+    if not re.fullmatch(r"[A-Za-z0-9-]+", name):
+        raise ImproperlyConfigured(
+            f"GATEWAY_PROXY_SSL_HEADER must be a header name such as X-Forwarded-Proto, "
+            f"got {name!r}"
+        )
+    return ("HTTP_" + name.upper().replace("-", "_"), "https")
+
+
+# HTTPS: on in production. Secure cookies, HSTS, and pages (not the API,
+# /healthz or /metrics, which programs inside the network may call over
+# plain HTTP) redirected to https. Behind a proxy that ends TLS, name the
+# header it sets (its value must be "https"), or every page redirects to itself.
+GATEWAY_HTTPS = _env_bool("GATEWAY_HTTPS", PRODUCTION)
+SECURE_PROXY_SSL_HEADER = _proxy_ssl_header(os.environ.get("GATEWAY_PROXY_SSL_HEADER", ""))
+if GATEWAY_HTTPS:
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$", r"^api/"]
+    SECURE_HSTS_SECONDS = int(_env_number("GATEWAY_HSTS_SECONDS", 365 * 24 * 3600))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = _env_bool("GATEWAY_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = _env_bool("GATEWAY_HSTS_PRELOAD", False)
+    if not SECURE_HSTS_PRELOAD:
+        # Preloading is a commitment the site's owner makes by submitting the
+        # domain to the browsers' list, not a default to warn about.
+        SILENCED_SYSTEM_CHECKS = ["security.W021"]
+
 # Per-token limits on each gateway process; 0 turns one off. Off in
 # development (tests and benchmarks run one token at full speed); on in
 # production at these defaults unless set.
