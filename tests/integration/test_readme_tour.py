@@ -11,9 +11,7 @@ holding a message); the test waits for it through the gateway's API.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -21,30 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from tests.databases import ROOT, manage, sqlite_database
+from tests.integration.doc_shell import Shell, sh_commands
 from tests.integration.harness import GatewayProcess, http
 
 README = ROOT / "README.md"
-MARK = "__tour_done__"
 
 
 def tour_commands() -> list[str]:
-    """The commands of the README tour's ``sh`` blocks, continuation lines joined."""
-    text = README.read_text()
-    start = text.index("\n## A five-minute tour\n")
-    section = text[start : text.index("\n## ", start + 1)]
-    commands: list[str] = []
-    for block in re.findall(r"```sh\n(.*?)```", section, re.DOTALL):
-        pending = ""
-        for raw in block.splitlines():
-            line = raw.strip()
-            if not pending and (not line or line.startswith("#")):
-                continue
-            if line.endswith("\\"):
-                pending += line[:-1] + " "
-                continue
-            commands.append(pending + line)
-            pending = ""
-    return commands
+    """The commands of the README tour's ``sh`` blocks, in order."""
+    return sh_commands(README, "## A five-minute tour")
 
 
 def bootstrap_export(output: str) -> str:
@@ -52,60 +35,6 @@ def bootstrap_export(output: str) -> str:
     lines = [line.strip() for line in output.splitlines() if line.strip().startswith("export ")]
     assert len(lines) == 1, output
     return lines[0]
-
-
-class Shell:
-    """One bash reading commands as a terminal would; background jobs share its output."""
-
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.log = log
-        self._out = open(log, "wb")  # noqa: SIM115 - closed in close()
-        self.proc = subprocess.Popen(
-            ["bash", "--noprofile", "--norc"],
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=self._out,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        self._seen = 0
-        self.runs = 0
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def run(self, command: str, timeout: float = 120) -> str:
-        """Type ``command``; its output (and any background job's meanwhile).
-
-        Raises:
-            AssertionError: it exited non-zero or did not finish in time.
-        """
-        assert self.proc.stdin is not None
-        self.runs += 1
-        marker = f"{MARK} {self.runs}"
-        self.proc.stdin.write(f'{command}\necho; echo "{marker} $?"\n')
-        self.proc.stdin.flush()
-        deadline = time.monotonic() + timeout
-        while marker not in self.text():
-            assert time.monotonic() < deadline, f"{command!r} did not finish:\n{self.text()}"
-            time.sleep(0.05)
-        text = self.text()
-        end = text.index(marker)
-        while "\n" not in text[end:]:  # the status after the marker is still coming
-            text = self.text()
-        output, self._seen = text[self._seen : end], text.index("\n", end) + 1
-        status = text[end + len(marker) :].split()[0]
-        assert status == "0", f"{command!r} exited {status}:\n{output}"
-        return output
-
-    def close(self) -> None:
-        # Ends the tour's background jobs too: they are in the shell's session.
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, 9)
-            self.proc.wait(10)
-        self._out.close()
 
 
 def wait_until(condition: Callable[[], Any], what: str, timeout: float = 60) -> Any:
