@@ -435,7 +435,7 @@ class GatewaySocket(AsyncWebsocketConsumer):
             for action, name in self._url_checks
             if not new.allows(action, name)
         )
-        if self.kind == "dashboard" and not new.is_admin:
+        if self.kind == "dashboard" and not new.allows("view_queue"):
             lost.append("admin")
         if lost:
             raise Forbidden("the new token does not allow this socket's " + ", ".join(lost))

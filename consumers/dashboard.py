@@ -1,7 +1,9 @@
 """The dashboard socket ``/ws/dashboard/``: a live snapshot every second, and the history once.
 
-Staff only. Every second ``{"op": "snapshot", ...}`` (the first at once, as in
-v1): queues (from the database), every process's sockets and topics, the
+For an ``admin`` token, a superuser, or a staff user with the permission
+``gateway.view_queue``; its ``disconnect`` needs ``gateway.change_queue``
+(protocol 1.2: staff is not enough). Every second ``{"op": "snapshot", ...}``
+(the first at once, as in v1): queues (from the database), every process's sockets and topics, the
 alerts, and the history samples the page has not seen (the closed ones since
 the last frame, and the one being filled). Right after the first snapshot,
 once, ``{"op": "history", ...}``: the last 15 minutes of rates this process
@@ -34,8 +36,11 @@ class DashboardSocket(GatewaySocket):
     exchange: Exchange
 
     async def open(self, params: dict[str, str]) -> None:
-        if not self.principal.is_admin:
-            raise Forbidden("the dashboard is for staff")
+        if not self.principal.allows("view_queue"):
+            raise Forbidden(
+                "the dashboard needs the 'admin' scope, a superuser, or a staff user "
+                "with the permission gateway.view_queue"
+            )
         self.exchange = self.runtime.exchange
         self._audits: set[asyncio.Future[None]] = set()
 
@@ -79,6 +84,7 @@ class DashboardSocket(GatewaySocket):
     def handle(self, frame: ClientFrame) -> None:
         match frame:
             case DisconnectFrame():
+                self.principal.require("change_queue")  # forbidden; the socket stays
                 ref = frame.ref
 
                 def done(task: asyncio.Task[bool]) -> None:

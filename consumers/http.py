@@ -17,7 +17,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
 from consumers.limits import RateLimited, limit_key
-from gateway.auth import principal_for_token, principal_for_user, token_from_headers
+from gateway.auth import aprincipal_for_user, principal_for_token, token_from_headers
 from gateway.conf import gateway_settings
 from gateway.errors import (
     BadFrame,
@@ -104,7 +104,7 @@ async def _principal(request: HttpRequest) -> Principal:
             raise Unauthorized("unknown or revoked token")
         return found
     user = await request.auser()
-    principal = principal_for_user(user)
+    principal = await aprincipal_for_user(user)
     if principal is None:
         if user is not None and user.is_authenticated:
             raise Forbidden("the API takes staff sessions only; this user is not staff")
@@ -239,6 +239,8 @@ async def not_found(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResp
 
 def _may_see(principal: Principal, queue: str) -> bool:
     """Whether ``principal`` may read ``queue``'s counts (``GET /api/queues/QUEUE``)."""
+    if principal.allows("view_queue"):
+        return True
     return principal.allows("enqueue", queue) or principal.allows("consume", queue)
 
 
@@ -276,7 +278,7 @@ async def queue_detail(request: HttpRequest, principal: Principal, queue: str) -
     check_name(queue)
     engine = current_runtime().engine
     if request.method == "PATCH":
-        principal.require("admin")
+        principal.require("change_queue")
         changes = _body(request) if request.body else {}
         stats = await engine.call(Configure(queue, changes))
         await _audit(principal, queue, f"Changed settings: {orjson.dumps(changes).decode()}.")
@@ -339,7 +341,7 @@ def _condition(request: HttpRequest) -> MessageCondition | None:
 
 async def _browse(request: HttpRequest, principal: Principal, queue: str) -> HttpResponse:
     """A page of messages in one state, without leasing them (scope admin or consume)."""
-    if not principal.is_admin:
+    if not principal.allows("view_queue"):
         principal.require("consume", queue)
     raw_state = request.GET.get("state", "visible")
     state = next((s for s in _BROWSE_STATES if s == raw_state), None)
@@ -368,7 +370,7 @@ async def message_requeue(
     """Requeue one dead or in-flight message, its delivery count reset (scope ``admin``);
     with ``if_*`` parameters, only if it is still as they say."""
     check_name(queue)
-    principal.require("admin")
+    principal.require("change_queue")
     op = RequeueMessage(queue, _message_id(msg_id), _condition(request))
     requeued = await current_runtime().engine.call(op)
     await _audit(principal, queue, f"Requeued message {msg_id} (API): {requeued} changed.")
@@ -382,7 +384,7 @@ async def message_detail(
     """Delete one message in any state (scope ``admin``); with ``if_*`` parameters,
     only if it is still as they say."""
     check_name(queue)
-    principal.require("admin")
+    principal.require("change_queue")
     op = DeleteMessage(queue, _message_id(msg_id), _condition(request))
     deleted = await current_runtime().engine.call(op)
     if deleted:
@@ -394,7 +396,7 @@ async def message_detail(
 async def queue_purge(request: HttpRequest, principal: Principal, queue: str) -> HttpResponse:
     """Delete every message that is not in flight (scope ``admin``)."""
     check_name(queue)
-    principal.require("admin")
+    principal.require("change_queue")
     purged = await current_runtime().engine.call(Purge(queue))
     await _audit(principal, queue, f"Purged {purged} messages (dashboard or API).")
     return _json({"purged": purged})
@@ -404,7 +406,7 @@ async def queue_purge(request: HttpRequest, principal: Principal, queue: str) ->
 async def queue_redrive(request: HttpRequest, principal: Principal, queue: str) -> HttpResponse:
     """Move every dead message back to visible (scope ``admin``)."""
     check_name(queue)
-    principal.require("admin")
+    principal.require("change_queue")
     redriven = await current_runtime().engine.call(Redrive(queue))
     await _audit(principal, queue, f"Redrove {redriven} dead messages (dashboard or API).")
     return _json({"redriven": redriven})
@@ -442,7 +444,7 @@ async def topic_detail(request: HttpRequest, principal: Principal, topic: str) -
     """
     check_name(topic, "topic")
     if request.method == "PATCH":
-        principal.require("admin")
+        principal.require("change_topic")
         changes = _body(request) if request.body else {}
         cache = current_runtime().broadcaster.settings
         current = await database_sync_to_async(load_topic_settings)(topic)
@@ -567,7 +569,7 @@ async def txn_abort(request: HttpRequest, principal: Principal, txn: str) -> Htt
 @api("GET")
 async def stats(request: HttpRequest, principal: Principal) -> HttpResponse:
     """Queues and every connected socket of this process (scope ``admin``)."""
-    principal.require("admin")
+    principal.require("view_queue")
     engine = current_runtime().engine
     data: dict[str, Any] = {"queues": [s.as_json() for s in await engine.call(AllStats())]}
     broadcaster = current_runtime().broadcaster

@@ -4,7 +4,8 @@ Stored tokens are looked up by their SHA-256 (only the hash is stored) and
 cached for ``GATEWAY_TOKEN_CACHE_TTL`` seconds (default 5), so a revocation
 reaches HTTP requests within that time. Signed tokens (JWT, :mod:`gateway.tokens`)
 are checked on every use and never cached: nothing about them is stored. A
-logged-in staff user is an admin principal.
+logged-in superuser is an admin principal; another staff user has the
+operator rights of its Django permissions (protocol 1.2).
 
 Token lifetime on sockets (protocol 1.1: Signed connection tokens and token
 lifetime): a socket of a signed token closes itself at its ``exp``
@@ -68,7 +69,7 @@ from gateway.conf import gateway_settings
 from gateway.errors import Unauthorized
 from gateway.models import Token, hash_token
 from gateway.protocol import encode_error
-from gateway.scopes import Principal
+from gateway.scopes import OPERATOR_RIGHTS, Principal, operator_principal
 from gateway.tokens import is_signed_token, principal_for_claims, verify_signed_token
 
 __all__ = [
@@ -78,6 +79,7 @@ __all__ = [
     "SessionGrant",
     "TokenAuthMiddleware",
     "Watched",
+    "aprincipal_for_user",
     "forget_tokens",
     "origin_allowed",
     "principal_for_signed",
@@ -166,10 +168,26 @@ def principal_for_token(secret: str) -> Principal | None:
 
 
 def principal_for_user(user: Any) -> Principal | None:
-    """A logged-in, active staff user may use every endpoint."""
-    if user is not None and getattr(user, "is_active", False) and getattr(user, "is_staff", False):
-        return Principal(name=f"staff:{user.get_username()}", is_admin=True, user_id=user.pk)
-    return None
+    """The principal of a logged-in, active staff user (sync: reads permissions), or None.
+
+    A superuser may do everything; another staff user has the operator
+    rights of its Django permissions ``gateway.view_queue``,
+    ``gateway.change_queue`` and ``gateway.change_topic``
+    (:func:`gateway.scopes.operator_principal`), and none without them.
+    """
+    if (
+        user is None
+        or not getattr(user, "is_active", False)
+        or not getattr(user, "is_staff", False)
+    ):
+        return None
+    superuser = bool(getattr(user, "is_superuser", False))
+    permissions: set[str] = set()
+    if not superuser:
+        permissions = {right for right in OPERATOR_RIGHTS if user.has_perm(f"gateway.{right}")}
+    return operator_principal(
+        user.get_username(), user.pk, superuser=superuser, permissions=permissions
+    )
 
 
 def session_principal(session_key: str) -> Principal | None:
@@ -197,6 +215,12 @@ def session_principal(session_key: str) -> Principal | None:
         if not stored or not any(constant_time_compare(stored, h) for h in hashes):
             return None
     return principal_for_user(user)
+
+
+async def aprincipal_for_user(user: Any) -> Principal | None:
+    """:func:`principal_for_user` from async code (it reads permissions from the database)."""
+    principal: Principal | None = await database_sync_to_async(principal_for_user)(user)
+    return principal
 
 
 def token_from_headers(headers: Any) -> str | None:

@@ -5,6 +5,13 @@ A scope is ``ACTION:PATTERN`` with ACTION one of ``enqueue``, ``consume``,
 ``metrics`` (``GET /metrics`` only). PATTERN is
 a glob on queue or topic names where ``*`` matches any run of characters and
 every other character matches itself. Pure: no Django.
+
+Operator rights (protocol 1.2, "Staff is not enough"): ``view_queue``
+(reading stats, browse, presence, metrics, schedules, the dashboard),
+``change_queue`` (acting on queues, messages and schedules) and
+``change_topic`` (topic settings), named after the Django permissions that
+give them to a staff user's session (:func:`operator_principal`). An
+``admin`` token or a superuser has them all; no other token has any.
 """
 
 from __future__ import annotations
@@ -15,9 +22,24 @@ from typing import Literal, TypeAlias
 
 from gateway.errors import Forbidden, Invalid
 
-__all__ = ["ACTIONS", "MAX_SCOPES", "Action", "Grant", "Principal", "parse_scope", "parse_scopes"]
+__all__ = [
+    "ACTIONS",
+    "MAX_SCOPES",
+    "OPERATOR_RIGHTS",
+    "Action",
+    "Grant",
+    "OperatorRight",
+    "Principal",
+    "operator_principal",
+    "parse_scope",
+    "parse_scopes",
+]
 
-Action: TypeAlias = Literal["enqueue", "consume", "publish", "subscribe", "admin", "metrics"]
+OperatorRight: TypeAlias = Literal["view_queue", "change_queue", "change_topic"]
+OPERATOR_RIGHTS: frozenset[str] = frozenset({"view_queue", "change_queue", "change_topic"})
+Action: TypeAlias = (
+    Literal["enqueue", "consume", "publish", "subscribe", "admin", "metrics"] | OperatorRight
+)
 ACTIONS: frozenset[str] = frozenset({"enqueue", "consume", "publish", "subscribe"})
 _PATTERN_RE = re.compile(r"[A-Za-z0-9._*-]{1,200}")
 #: Most scopes one token may carry (a signed token's ``scopes`` claim is untrusted input).
@@ -148,6 +170,8 @@ class Principal:
     subject: str | None = None
     #: a signed token's ``exp``, Unix seconds (None: the principal does not expire)
     expires_at: float | None = None
+    #: a staff session's operator rights (:data:`OPERATOR_RIGHTS`; an admin has them all)
+    operator: frozenset[str] = frozenset()
 
     @classmethod
     def from_scopes(
@@ -185,6 +209,8 @@ class Principal:
         """True if this principal may perform ``action`` on ``name``."""
         if self.is_admin:
             return True
+        if action in OPERATOR_RIGHTS:
+            return action in self.operator
         if action == "admin":
             return False
         return any(grant.matches(action, name) for grant in self.grants)
@@ -194,7 +220,7 @@ class Principal:
         socket's user, read again, against the rights the socket was opened with)."""
         if self.is_admin:
             return True
-        if other.is_admin:
+        if other.is_admin or not other.operator <= self.operator:
             return False
         mine = {(g.action, g.pattern) for g in self.grants}
         return all((g.action, g.pattern) in mine for g in other.grants)
@@ -202,5 +228,45 @@ class Principal:
     def require(self, action: Action, name: str = "") -> None:
         """Raise :class:`Forbidden` unless :meth:`allows`."""
         if not self.allows(action, name):
+            if action in OPERATOR_RIGHTS:
+                raise Forbidden(
+                    f"{self.name!r} may not do this: it needs the 'admin' scope, or a "
+                    f"superuser, or a staff user with the permission gateway.{action}"
+                )
             what = f"{action} on {name!r}" if name else action
             raise Forbidden(f"token {self.name!r} has no scope for {what}")
+
+
+#: What each operator right lets a session do besides operator actions: read
+#: topics and metrics (view), work and fill queues (change_queue), publish
+#: (change_topic). As in the Django admin, changing queues implies viewing them.
+_SESSION_SCOPES: dict[str, tuple[str, ...]] = {
+    "view_queue": ("subscribe:*", "metrics"),
+    "change_queue": ("enqueue:*", "consume:*"),
+    "change_topic": ("publish:*",),
+}
+
+
+def operator_principal(
+    username: str, user_id: int, *, superuser: bool, permissions: set[str]
+) -> Principal:
+    """The principal of an active staff user's session.
+
+    Args:
+        username: the user's name (the principal is ``staff:USERNAME``).
+        user_id: the user's primary key (their actions go to the admin log).
+        superuser: a superuser may do everything, as an ``admin`` token.
+        permissions: the user's permission codenames in the ``gateway`` app
+            (``view_queue``, ...); others are ignored.
+    """
+    name = f"staff:{username}"
+    if superuser:
+        return Principal(name=name, is_admin=True, user_id=user_id)
+    rights = set(OPERATOR_RIGHTS & permissions)
+    if "change_queue" in rights:
+        rights.add("view_queue")
+    scopes = [scope for right in sorted(rights) for scope in _SESSION_SCOPES[right]]
+    principal = Principal.from_scopes(name, scopes)
+    return Principal(
+        name=name, grants=principal.grants, user_id=user_id, operator=frozenset(rights)
+    )
