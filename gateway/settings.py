@@ -19,10 +19,10 @@ import re
 import secrets
 from pathlib import Path
 
-import dj_database_url
 import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
+from gateway.database_url import parse_database_url
 from gateway.leases import DEFAULT_QUEUE_SETTINGS as _QUEUE_DEFAULTS
 
 # Lets type hints such as ModelAdmin[Queue] run, not only type-check.
@@ -176,7 +176,8 @@ def _private_sqlite_file(path: Path) -> None:
 
 
 if os.environ.get("DATABASE_URL"):
-    DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"], conn_max_age=0)}
+    # Also libpq's multi-host form: a primary and its standby (gateway.database_url).
+    DATABASES = {"default": parse_database_url(os.environ["DATABASE_URL"], conn_max_age=0)}
 else:
     _sqlite_path = Path(os.environ.get("GATEWAY_SQLITE_PATH", VAR_DIR / "leasecast.sqlite3"))
     _sqlite_path.parent.mkdir(parents=True, exist_ok=True)

@@ -139,7 +139,9 @@ class Postgres:
         argv = [str(self.bin / "postgres"), "-D", str(self.data), "-p", str(self.port)]
         settings = {
             "listen_addresses": self.host.address,
-            "unix_socket_directories": str(self.data),
+            # TCP only: a socket lock file in the data directory would be
+            # copied into a standby by pg_basebackup.
+            "unix_socket_directories": "",
             "wal_level": "replica",
             "max_wal_senders": "4",
             "hot_standby": "on",
