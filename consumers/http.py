@@ -228,13 +228,16 @@ async def healthz(request: HttpRequest) -> HttpResponse:
     return _json({"status": "ok"})
 
 
-@csrf_exempt
-async def not_found(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+@api("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+async def not_found(
+    request: HttpRequest, principal: Principal, *args: Any, **kwargs: Any
+) -> HttpResponse:
     """404 ``not_found`` in JSON for a URL under the API that names no endpoint.
 
-    Without authentication: it says only that the URL means nothing.
+    After authentication, as every endpoint: a caller without a token is told
+    401, and learns nothing about which URLs exist.
     """
-    return error_response(NotFound(f"no API endpoint at {request.path[:200]!r}"))
+    raise NotFound(f"no API endpoint at {request.path[:200]!r}")
 
 
 def _may_see(principal: Principal, queue: str) -> bool:

@@ -15,7 +15,7 @@ protocol fixes the paths: clients call ``/api/queues/...``)::
 
 from __future__ import annotations
 
-from django.urls import URLPattern, path, re_path
+from django.urls import URLPattern, path
 
 from consumers import http
 from consumers import metrics as metrics_views
@@ -55,10 +55,10 @@ api_urlpatterns: list[URLPattern] = [
     # (protocol 1.2: every answer under /api/ is JSON). Only these prefixes: the
     # rest of /api/ may belong to the project that includes these routes. The
     # standalone service answers JSON for all of /api/ (gateway.urls).
-    re_path(
-        r"^api/(?:queues|topics|transactions|stats)(?:/|$)",
-        http.not_found,
-    ),
+    path("api/queues/<str:queue>/<path:rest>", http.not_found),  # type: ignore[arg-type]
+    path("api/topics/<str:topic>/<path:rest>", http.not_found),  # type: ignore[arg-type]
+    path("api/transactions/<path:rest>", http.not_found),  # type: ignore[arg-type]
+    path("api/stats/<path:rest>", http.not_found),  # type: ignore[arg-type]
 ]
 
 dashboard_urlpatterns: list[URLPattern] = [

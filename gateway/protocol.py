@@ -351,10 +351,11 @@ def _read_body(obj: dict[str, Any], limits: Limits) -> bytes:
 #: message. Any other field is ``invalid`` (protocol 1.2: General): a typo such
 #: as ``dealy`` would otherwise enqueue the message without its delay.
 MESSAGE_FIELDS = frozenset({"body", "key", "delay", "group", "priority", "ttl"})
-#: The fields of an ack's follow-up message: a message and its queue.
-FOLLOW_UP_FIELDS = MESSAGE_FIELDS | {"queue"}
 #: The fields of an ENQUEUE frame.
 ENQUEUE_FIELDS = MESSAGE_FIELDS | {"op", "queue", "ref"}
+#: The fields of an ack's follow-up: an ENQUEUE object (the JavaScript client
+#: sends each with its ``op``).
+FOLLOW_UP_FIELDS = ENQUEUE_FIELDS
 
 
 def unknown_fields(obj: dict[str, Any], known: frozenset[str], what: str) -> Invalid:
@@ -657,7 +658,7 @@ def _read_follow_ups(
         if not isinstance(item, dict):
             raise BadFrame(f"enqueue[{index}] must be an object")
         try:
-            others = 1 if "queue" in item else 0
+            others = ("op" in item) + ("queue" in item) + ("ref" in item)
             spec = parse_enqueue_spec(item, limits, known=FOLLOW_UP_FIELDS, others=others)
             follow_ups.append((_read_queue(item), spec))
         except (BadFrame, Invalid, TooLarge) as exc:

@@ -598,7 +598,9 @@ async def run_stage(gw: GatewayProcess, admin: str, token: str, name: str) -> st
         "PUT", f"{base}/partitions/0", token, {"queue": name, "messages": [{"body": 1}]}
     )
     outcome = status_outcome(status, body)
-    _, committed = await ahttp("POST", f"{base}/commit", admin)
+    # A transaction is its first stager's (protocol 1.2): the token commits what
+    # it staged; a refused stage claimed nothing, so the admin may commit the name.
+    _, committed = await ahttp("POST", f"{base}/commit", token if outcome == "ok" else admin)
     return enqueue_outcome(outcome, await queue_counts(gw, admin, name)) + (
         "" if committed["committed"] == (1 if outcome == "ok" else 0) else f" {committed}"
     )
@@ -706,29 +708,29 @@ async def run_dashboard_socket(gw: GatewayProcess, admin: str, token: str, name:
     return await socket_outcome(await Socket.open(f"{gw.ws}/ws/dashboard/", token))
 
 
-async def _staged(gw: GatewayProcess, admin: str, name: str) -> str:
-    txn = unique("txn")
-    await ahttp(
-        "PUT",
-        f"{gw.http}/api/transactions/{txn}/partitions/0",
-        admin,
-        {"queue": name, "messages": [{"body": 1}]},
-    )
-    return f"{gw.http}/api/transactions/{txn}"
+async def _staged(gw: GatewayProcess, admin: str, token: str, name: str) -> tuple[str, str]:
+    """A transaction staged by ``token`` if it may, else by ``admin``; and its owner
+    (a transaction is its first stager's, protocol 1.2)."""
+    base = f"{gw.http}/api/transactions/{unique('txn')}"
+    staged = {"queue": name, "messages": [{"body": 1}]}
+    for owner in (token, admin):
+        if (await ahttp("PUT", f"{base}/partitions/0", owner, staged))[0] == 200:
+            return base, owner
+    raise AssertionError("even the admin token could not stage")
 
 
 async def run_commit(gw: GatewayProcess, admin: str, token: str, name: str) -> str:
-    base = await _staged(gw, admin, name)
+    base, _ = await _staged(gw, admin, token, name)
     status, body = await ahttp("POST", f"{base}/commit", token)
     return enqueue_outcome(status_outcome(status, body), await queue_counts(gw, admin, name))
 
 
 async def run_abort(gw: GatewayProcess, admin: str, token: str, name: str) -> str:
-    base = await _staged(gw, admin, name)
+    base, owner = await _staged(gw, admin, token, name)
     status, body = await ahttp("POST", f"{base}/abort", token)
     outcome = status_outcome(status, body)
-    # After an abort an admin commit is invalid; after a refused abort it commits the message.
-    status, _ = await ahttp("POST", f"{base}/commit", admin)
+    # After an abort the owner's commit is invalid; after a refused abort it commits the message.
+    status, _ = await ahttp("POST", f"{base}/commit", owner)
     left = sum(await queue_counts(gw, admin, name))
     if outcome == "ok":
         return "ok" if (status, left) == (400, 0) else f"ok but {status} {left}"

@@ -594,6 +594,11 @@ def enqueue_cases(kind: str) -> list[tuple[str | bytes, Expect]]:
         (frame(body=1, queue=True), error("bad_frame")),
         (frame(body=1, key=9), error("bad_frame")),
         (frame(body=1, key=""), error("invalid")),
+        # A field no message has is refused, not ignored (protocol 1.2: General).
+        (frame(body=1, dealy=5, ref="typo"), error("invalid", "typo")),
+        (frame(body=1, Body=2), error("invalid")),
+        (frame(body=1, **{"": 1}), error("invalid")),
+        (frame(body=1, **{"delay\u0000": 1}), error("invalid")),
         (frame(body=1, key="k" * 513), error("invalid")),
         (frame(body=1, key="k" * 512, ref="k512"), success("enqueue", "k512")),
         (frame(body=1, key="\u00e9\U0001f600 \\ '%_"), success("enqueue")),
@@ -632,8 +637,9 @@ def enqueue_cases(kind: str) -> list[tuple[str | bytes, Expect]]:
             success("enqueue"),
         ),
         ('{"op": "enqueue", "queue": "' + q + '", "body": ' + nested(300) + "}", error("invalid")),
-        # A frame just under the transport limit is a frame like any other.
-        (frame(body=1, pad="p" * (TRANSPORT_LIMIT - 1024), ref="big"), success("enqueue", "big")),
+        # A frame just under the transport limit is a frame like any other: here
+        # one whose unknown field ``pad`` makes it invalid (protocol 1.2).
+        (frame(body=1, pad="p" * (TRANSPORT_LIMIT - 1024), ref="big"), error("invalid", "big")),
         # enqueue_many.
         (json.dumps({"op": "enqueue_many", "queue": q, "messages": []}), error("invalid")),
         (json.dumps({"op": "enqueue_many", "queue": q, "messages": "x"}), error("bad_frame")),
