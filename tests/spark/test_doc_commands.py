@@ -1,7 +1,7 @@
 """docs/spark.md "The example job": its commands run as written, twice in a row.
 
 The ``sh`` block is typed into one bash, from a directory of its own that
-has the checkout's ``.venv`` and ``manage.py`` (the commands' ``data/in`` and
+has the checkout's ``.venv`` and ``manage.py`` (the commands' ``var/orders-in`` and
 ``var/checkpoints`` land there, not in the checkout), against a real gateway,
 with the ``export`` line ``make run`` prints. The second run uses the same
 directory and database: the file job finds nothing new, the rate job goes on
@@ -27,7 +27,7 @@ DOC = ROOT / "docs" / "spark.md"
 @pytest.mark.timeout(1200)  # four Spark sessions start, about 40 s each on a busy machine
 def test_the_example_job_commands_run_as_written_twice(tmp_path: Path) -> None:
     commands = sh_commands(DOC, "## The example job: `python -m spark_feed`")
-    assert any("--files data/in" in c for c in commands), commands
+    assert any("--files var/orders-in" in c for c in commands), commands
     work = tmp_path / "checkout"
     work.mkdir()
     (work / ".venv").symlink_to(ROOT / ".venv")
