@@ -4,8 +4,12 @@ Real ``python -m gateway.serve`` processes, raw loopback sockets:
 
 - a request body over ``GATEWAY_MAX_REQUEST_BYTES`` is answered 413
   ``too_large`` in JSON, before authentication, and the server process's
-  peak memory (``VmHWM``) stays far below the body the client sent;
-- tokens never reach the server's logs.
+  peak memory (``VmHWM``) stays far below the body the client sent, for
+  one body and for three at once;
+- a request head that trickles in a line at a time is cut at
+  ``GATEWAY_REQUEST_HEAD_TIMEOUT``, and one address may hold only
+  ``GATEWAY_MAX_PENDING_PER_ADDRESS`` connections whose head has not ended
+  (another address is still served).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import socket
 import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -154,6 +159,26 @@ def test_a_body_over_the_limit_is_413_json_and_costs_no_memory(
     # The process still answers.
     with urllib.request.urlopen(f"{gateway.http}/healthz", timeout=10) as response:
         assert response.status == 200
+
+
+def test_parallel_big_bodies_cost_no_more_than_the_limit_each(
+    limited_gateway: GatewayProcess,
+) -> None:
+    # Three at once (three 1 GB bodies had taken daphne to 2.1 GB).
+    gateway = limited_gateway
+    assert gateway.proc is not None
+    before = peak_rss(gateway.proc.pid)
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(
+            pool.map(
+                lambda chunked: send_big_body(gateway.port, "/api/stats", OFFERED, chunked=chunked),
+                [True, True, False],
+            )
+        )
+    after = peak_rss(gateway.proc.pid)
+    assert [status for status, _, _, _ in answers] == [413, 413, 413]
+    # At most the limit each, and the interpreter's noise.
+    assert after - before < 3 * 16 * MIB + GROWTH_ALLOWED, (after - before) / MIB
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
