@@ -37,6 +37,7 @@ from gateway.protocol import (
 )
 from gateway.runtime import current_runtime
 from gateway.scopes import Principal
+from gateway.server_limits import max_request_bytes
 from gateway.store import (
     AbortTxn,
     AllStats,
@@ -164,8 +165,16 @@ def api(*methods: str) -> Callable[[View], View]:
 
 
 def _body(request: HttpRequest) -> dict[str, Any]:
-    if len(request.body) > gateway_settings().max_frame_bytes:
-        raise TooLarge("request body over the frame limit")
+    """The request's JSON object.
+
+    Raises:
+        TooLarge: over the request limit (``GATEWAY_MAX_REQUEST_BYTES``): the
+            server refuses such a body as it arrives, this is for servers
+            that do not (Django's own limit is caught in :func:`api`).
+        BadFrame: not UTF-8, not JSON, not an object.
+    """
+    if len(request.body) > max_request_bytes():
+        raise TooLarge("the request body is over the request limit")
     try:
         text = request.body.decode()
     except UnicodeDecodeError as exc:

@@ -24,6 +24,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from gateway.database_url import parse_database_url
 from gateway.leases import DEFAULT_QUEUE_SETTINGS as _QUEUE_DEFAULTS
+from gateway.server_limits import max_request_bytes as _max_request_bytes
 
 # Lets type hints such as ModelAdmin[Queue] run, not only type-check.
 django_stubs_ext.monkeypatch()
@@ -273,8 +274,9 @@ LOGGING = {
 
 GATEWAY_MAX_BODY_BYTES = int(os.environ.get("GATEWAY_MAX_BODY_BYTES", 256 * 1024))
 GATEWAY_MAX_FRAME_BYTES = int(os.environ.get("GATEWAY_MAX_FRAME_BYTES", 8 * 1024 * 1024))
-# Django refuses larger request bodies with 400 before the API sees them.
-DATA_UPLOAD_MAX_MEMORY_SIZE = GATEWAY_MAX_FRAME_BYTES
+# Django's own cap on a request body is the gateway's request limit: the server
+# refuses more while it arrives; the API answers 413 in JSON for the rest.
+DATA_UPLOAD_MAX_MEMORY_SIZE = _max_request_bytes()
 GATEWAY_BATCH_MAX_OPS = int(os.environ.get("GATEWAY_BATCH_MAX_OPS", 4000))
 GATEWAY_MAX_BACKLOG = int(os.environ.get("GATEWAY_MAX_BACKLOG", 100_000))
 GATEWAY_QUEUE_SETTINGS_TTL = float(os.environ.get("GATEWAY_QUEUE_SETTINGS_TTL", 2.0))

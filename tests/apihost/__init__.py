@@ -1,0 +1,1 @@
+"""A Django project that installs Leasecast beside its own /api/ routes (tests only)."""
