@@ -68,6 +68,8 @@ log = logging.getLogger("leasecast.store")
 
 #: The PostgreSQL NOTIFY channel on which woken queues are announced.
 NOTIFY_CHANNEL = "leasecast_wake"
+#: Failures of one batch after which its ops run one by one (see Store.run).
+MAX_SPLITS = 3
 
 
 class Store:
@@ -175,15 +177,23 @@ class Store:
         """Apply ``ops`` in one transaction; returns one result per op, in order.
 
         A result is the op's value or the :class:`ProtocolError` that refused it
-        (which changed nothing). If the batch fails for any other reason it is
-        rolled back and retried one op at a time; an op that still fails gets
-        :class:`Unavailable`.
+        (which changed nothing). An operator or transaction op that fails for
+        any other reason gets :class:`Unavailable` alone (its savepoint is
+        rolled back, the batch goes on). If a hot op's statement fails, the
+        batch is rolled back and run again around it: the ops before it as one
+        batch, its own ops one at a time, the ops after it as one batch; an op
+        that still fails gets :class:`Unavailable`.
         """
         self.woken = set()
         return self._run_split(ops)
 
-    def _run_split(self, ops: Sequence[Op]) -> list[Result]:
-        """:meth:`_run_batch`; if it fails, again around the ops that failed it."""
+    def _run_split(self, ops: Sequence[Op], splits: int = 0) -> list[Result]:
+        """:meth:`_run_batch`; if it fails, again around the ops that failed it.
+
+        Args:
+            splits: how many failures led here. Past :data:`MAX_SPLITS` (a
+                database failing again and again) every op runs on its own.
+        """
         if not ops:
             return []
         try:
@@ -198,12 +208,14 @@ class Store:
         self.close()
         if len(ops) == 1:
             return [Unavailable(f"storage failed: {type(cause).__name__}")]
+        if splits >= MAX_SPLITS:
+            start, end = 0, len(ops)
         # In order: the ops before the failing statement, its ops one by one
         # (which of them failed it is not known), then the ops after it.
-        results = self._run_split(ops[:start])
+        results = self._run_split(ops[:start], splits + 1)
         for op in ops[start:end]:
-            results += self._run_split([op])
-        return results + self._run_split(ops[end:])
+            results += self._run_split([op], splits + 1)
+        return results + self._run_split(ops[end:], splits + 1)
 
     def _run_batch(self, ops: Sequence[Op]) -> list[Result]:
         results: list[Result] = [None] * len(ops)
