@@ -340,11 +340,10 @@ def get_registry() -> Registry:
                 state.started = True
                 found = _redis_settings()
                 if found is not None:
-                    import redis
+                    from gateway.redis_url import sync_client
 
-                    client = redis.Redis.from_url(
-                        found[0], socket_connect_timeout=3, socket_timeout=3
-                    )
+                    # redis+sentinel:// included: it follows the master.
+                    client = sync_client(found[0], socket_connect_timeout=3, socket_timeout=3)
                     state.share = RedisShare(client, found[1])
                     _Sharer(state.registry, state.share).start()
     return state.registry

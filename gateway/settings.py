@@ -24,6 +24,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from gateway.database_url import parse_database_url
 from gateway.leases import DEFAULT_QUEUE_SETTINGS as _QUEUE_DEFAULTS
+from gateway.redis_url import layer_host as redis_layer_host
 from gateway.server_limits import max_request_bytes as _max_request_bytes
 
 # Lets type hints such as ModelAdmin[Queue] run, not only type-check.
@@ -215,7 +216,8 @@ if os.environ.get("REDIS_URL"):
             # Room for bursts between processes; what overflows is detected
             # as a gap and handled (gateway.relay).
             "CONFIG": {
-                "hosts": [os.environ["REDIS_URL"]],
+                # A redis+sentinel:// URL becomes channels_redis's Sentinel entry.
+                "hosts": [redis_layer_host(os.environ["REDIS_URL"])],
                 "capacity": int(os.environ.get("GATEWAY_REDIS_CAPACITY", 10_000)),
                 "expiry": 30,
                 "prefix": os.environ.get("GATEWAY_REDIS_PREFIX", "leasecast"),

@@ -7,13 +7,26 @@ design decision 11. With ``REDIS_URL`` set, each topic has, in Redis:
   fields ``b`` (the body) and ``t`` (publish time).
 
 One Lua script appends a batch: it makes the epoch if the hash is missing
-(first use, or Redis lost its data: a new epoch, never a silent gap), takes
-the offsets with HINCRBY and adds the entries, trimmed to the larger of the
+(first use, or Redis lost its data: a new epoch, never a silent gap) or was
+made on another master (below), takes the offsets with HINCRBY and adds the
+entries, trimmed to the larger of the
 topic's ``history_size`` and ``GATEWAY_TOPIC_RELAY_WINDOW``. The stream is
 at once the sequencer (offsets grow by one per publish across processes),
 the history (range reads by offset) and the relay: every process reads the
 streams of the topics it has subscribers for with one blocking XREAD and
 dispatches what it reads, its own publishes included, in offset order.
+
+A replaced master. Replication is asynchronous, so a replica promoted by
+Sentinel (or by hand) may lack the last publishes the old master confirmed:
+its offsets are behind the ones handed out, and carrying on in the same
+epoch would give new messages offsets that subscribers already passed. So
+the hash also holds ``m``, the replication id (``master_replid``) of the
+master that made or adopted the epoch, which a promoted replica changes: the
+scripts, which read it with ``INFO replication`` on the server they run on,
+start a new epoch when it differs, and the reader asks for it with every
+read and, when it changed, checks every followed topic before delivering
+anything more (subscribers closed with 4409, docs/protocol.md). A hash
+without ``m`` (written by an earlier version) adopts the current master.
 
 Why not the Channels layer for topics, as v1 did: a ``group_send`` per
 publish carries no deployment-wide order, so two processes publishing to one
@@ -38,13 +51,13 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.errors import Backpressure, Unavailable
 from gateway.history import Entry, Head, TopicSettings, new_epoch
+from gateway.redis_url import async_client
 from gateway.topic_settings import TopicSettingsCache
 
 __all__ = ["RedisTopics"]
@@ -67,14 +80,28 @@ EPOCH_CHECK = 1.0
 #: Seconds a topic's keys live after its last publish, at least.
 KEY_TTL = 24 * 3600
 
-_APPEND = """
+#: Lua: the topic's epoch in ``epoch``, a new one (offsets from 0, the stream
+#: emptied) if the hash is missing or was made on another master.
+_EPOCH = """
 local meta, stream = KEYS[1], KEYS[2]
-local epoch = redis.call('HGET', meta, 'epoch')
+local source = string.match(redis.call('INFO', 'replication'), 'master_replid:(%%w+)')
+local found = redis.call('HMGET', meta, 'epoch', 'm')
+local epoch, made_on = found[1], found[2]
+if epoch and made_on and made_on ~= source then
+  epoch = false
+end
 if not epoch then
   epoch = ARGV[1]
   redis.call('DEL', stream)
-  redis.call('HSET', meta, 'epoch', epoch, 'offset', 0)
+  redis.call('HSET', meta, 'epoch', epoch, 'offset', 0, 'm', source)
+elseif not made_on then
+  redis.call('HSET', meta, 'm', source)
 end
+"""
+
+_APPEND = (
+    _EPOCH
+    + """
 local n = #ARGV - 4
 local last = redis.call('HINCRBY', meta, 'offset', n)
 local first = last - n + 1
@@ -91,18 +118,20 @@ redis.call('EXPIRE', meta, %(ttl)d)
 redis.call('EXPIRE', stream, %(ttl)d)
 return {epoch, last}
 """
+)
 
-_HEAD = """
-local meta, stream = KEYS[1], KEYS[2]
-local epoch = redis.call('HGET', meta, 'epoch')
-if not epoch then
-  epoch = ARGV[1]
-  redis.call('DEL', stream)
-  redis.call('HSET', meta, 'epoch', epoch, 'offset', 0)
+#: Lua: the replication id, exactly as the scripts read it.
+_SOURCE = "return string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)')"
+
+_HEAD = (
+    _EPOCH
+    + """
+if redis.call('TTL', meta) < 0 then
   redis.call('EXPIRE', meta, %(ttl)d)
 end
 return {epoch, redis.call('HGET', meta, 'offset')}
 """
+)
 
 #: A publish waiting in the outbox: topic, bodies, and its waiter.
 Outgoing = tuple[str, list[bytes], asyncio.Future[Head]]
@@ -129,25 +158,27 @@ class RedisTopics:
         # A pool that waits for a free connection (up to 10 s) rather than
         # raising "Too many connections": a hundred sockets subscribing at
         # once each read their topic's head (found by bench/topics.py).
-        self.redis = aioredis.Redis(
-            connection_pool=aioredis.BlockingConnectionPool.from_url(
-                url, max_connections=32, timeout=10
-            )
-        )
+        # With a redis+sentinel:// URL both follow the master the Sentinels name
+        # (gateway.redis_url).
+        self.redis = async_client(url, max_connections=32, wait=10)
         # Its own connection: a blocking XREAD holds one while it waits.
-        self._reader_redis = aioredis.from_url(url, max_connections=2)
+        self._reader_redis = async_client(url, max_connections=2)
         self.settings = settings
         self.prefix = prefix
         self.window = window
         ttl = {"ttl": KEY_TTL}
         self._append = self.redis.register_script(_APPEND % ttl)
         self._head = self.redis.register_script(_HEAD % ttl)
+        self._source_of = self.redis.register_script(_SOURCE)
+        self._reader_source_of = self._reader_redis.register_script(_SOURCE)
         self._outbox: deque[Outgoing] = deque()
         self._waiting = 0  # messages in the outbox
         self._outbox_ready = asyncio.Event()
         # topic -> last offset read; the reader's position per followed topic
         self._positions: dict[str, int] = {}
         self._changed = asyncio.Event()  # the followed set changed: restart the XREAD
+        #: the replication id of the master the reader last read from
+        self._source: str | None = None
         self._deliver: Callable[[str, list[Entry], int], Awaitable[None]] | None = None
         self._restart: Callable[[str], None] | None = None
         self._epoch_of: Callable[[str], str | None] = lambda topic: None
@@ -297,9 +328,16 @@ class RedisTopics:
                     await self._check_epochs()
                     suspect = False
                     continue  # the followed set may have changed
-                result: Any = await self._reader_redis.xread(
-                    streams, count=READ_COUNT, block=READ_BLOCK_MS
-                )
+                source, result = await self._read_streams(streams)
+                if source != self._source:
+                    known, self._source = self._source, source
+                    if known is not None:
+                        # Another master: it may hold less than was delivered
+                        # from the old one. Nothing it gave is delivered before
+                        # every followed topic's epoch is checked against it.
+                        log.warning("Redis master replaced (%s -> %s)", known, source)
+                        suspect = True
+                        continue
                 if time.monotonic() >= next_check:
                     next_check = time.monotonic() + EPOCH_CHECK
                     await self._check_epochs()
@@ -328,20 +366,33 @@ class RedisTopics:
                     topic, entries, entries[0].offset - 1 if entries[0].offset > after + 1 else 0
                 )
 
+    async def _read_streams(self, streams: Any) -> tuple[str | None, Any]:
+        """The master's replication id and one blocking XREAD of ``streams``, both
+        from the same server (one connection)."""
+        async with self._reader_redis.pipeline(transaction=False) as pipe:
+            await self._reader_source_of(client=pipe)
+            pipe.xread(streams, count=READ_COUNT, block=READ_BLOCK_MS)
+            source, result = await pipe.execute()
+        return _optional_text(source), result
+
     async def _check_epochs(self) -> None:
-        """Tell the broadcaster of followed topics whose epoch changed (or vanished)."""
+        """Tell the broadcaster of followed topics whose epoch changed, vanished, or
+        was made on a master that has been replaced since."""
         if self._restart is None:
             return
         topics = list(self._positions)
         if not topics:
             return
         async with self.redis.pipeline(transaction=False) as pipe:
+            await self._source_of(client=pipe)
             for topic in topics:
-                pipe.hget(self._keys(topic)[0], "epoch")
-            epochs = await pipe.execute()
-        for topic, epoch in zip(topics, epochs, strict=True):
+                pipe.hmget(self._keys(topic)[0], ["epoch", "m"])
+            replid, *found = await pipe.execute()
+        source = _optional_text(replid)
+        for topic, (epoch, made_on) in zip(topics, found, strict=True):
             if topic in self._positions:
-                self._restart_if_changed(topic, None if epoch is None else _text(epoch))
+                replaced = made_on is not None and source is not None and _text(made_on) != source
+                self._restart_if_changed(topic, None if epoch is None or replaced else _text(epoch))
 
     def _restart_if_changed(self, topic: str, epoch: str | None) -> None:
         assert self._restart is not None
@@ -374,6 +425,10 @@ def _batches(pending: deque[Outgoing]) -> list[list[Outgoing]]:
         batch.append(item)
         open_batch[topic] = (batch, items + len(bodies), total + size)
     return batches
+
+
+def _optional_text(value: Any) -> str | None:
+    return None if value is None else _text(value)
 
 
 def _text(value: Any) -> str:

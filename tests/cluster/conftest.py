@@ -32,3 +32,11 @@ def replicated() -> Iterator[Deployment]:
     _skip_unless_possible()
     with deployment(standby=True) as d:
         yield d
+
+
+@pytest.fixture
+def sentinel() -> Iterator[Deployment]:
+    """As ``hosts``, with a replica of Redis and three Sentinels the gateways follow."""
+    _skip_unless_possible()
+    with deployment(sentinel=True) as d:
+        yield d

@@ -8,7 +8,9 @@ Hosts (network namespaces on one bridge, tests/cluster/netns.py)::
     gw2     10.231.0.12   gateway :8000
     db1     10.231.0.21   PostgreSQL :5432 (the primary)
     db2     10.231.0.22   PostgreSQL :5432 (a synchronous streaming standby, when asked for)
-    redis   10.231.0.31   Redis :6379
+    redis   10.231.0.31   Redis :6379 (the master; and a Sentinel :26379, when asked for)
+    redis2  10.231.0.32   a replica of it and a Sentinel (when asked for)
+    redis3  10.231.0.33   a third Sentinel (when asked for)
 
 :func:`deployment` starts it all and, whatever happens, kills every process
 of every host and deletes the namespaces and data directories afterwards.
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.cluster.netns import Host, Network
-from tests.cluster.services import Balancer, Gateway, Postgres, Redis
+from tests.cluster.services import Balancer, Gateway, Postgres, Redis, Sentinel
 
 __all__ = ["Deployment", "deployment"]
 
@@ -45,6 +47,9 @@ class Deployment:
     standby: Postgres | None
     redis: Redis
     token: str
+    #: with Sentinel: the master's replica and the Sentinels (one on each Redis host)
+    replica: Redis | None
+    sentinels: list[Sentinel]
     root: Path
     database_url: str
 
@@ -90,9 +95,28 @@ def _make_synchronous(primary: Postgres, standby: Postgres, timeout: float = 30)
         time.sleep(0.1)
 
 
+def _watching(replica: Redis, sentinels: list[Sentinel], timeout: float = 30) -> None:
+    """Wait until the replica is in sync and every Sentinel knows the others and it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = replica.command("INFO", "replication")
+        linked = isinstance(info, dict) and info.get("master_link_status") == "up"
+        states = [s.master_state() for s in sentinels]
+        if linked and all(
+            st.get("num-other-sentinels") == str(len(sentinels) - 1) and st.get("num-slaves") == "1"
+            for st in states
+        ):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"Sentinels not ready: replica {info}, sentinels {states}")
+        time.sleep(0.2)
+
+
 @contextmanager
-def deployment(*, standby: bool = False) -> Iterator[Deployment]:
-    """Start the hosts and servers; ``standby`` adds db2, a synchronous standby of db1.
+def deployment(*, standby: bool = False, sentinel: bool = False) -> Iterator[Deployment]:
+    """Start the hosts and servers; ``standby`` adds db2, a synchronous standby of db1;
+    ``sentinel`` a replica of Redis and three Sentinels, the gateways on
+    ``REDIS_URL=redis+sentinel://...``.
 
     With a standby, the gateways' ``DATABASE_URL`` names both servers (libpq's
     multi-host form with ``target_session_attrs=read-write``), as
@@ -112,10 +136,25 @@ def deployment(*, standby: bool = False) -> Iterator[Deployment]:
                 ("db1", 21),
                 ("db2", 22),
                 ("redis", 31),
+                *([("redis2", 32), ("redis3", 33)] if sentinel else []),
             ]
         }
         redis = Redis(hosts["redis"], root)
         redis.start()
+        redis_url = redis.url
+        replica: Redis | None = None
+        sentinels: list[Sentinel] = []
+        if sentinel:
+            replica = Redis(hosts["redis2"], root, replica_of=redis)
+            replica.start()
+            sentinels = [
+                Sentinel(hosts[name], root, redis) for name in ("redis", "redis2", "redis3")
+            ]
+            for s in sentinels:
+                s.start()
+            _watching(replica, sentinels)
+            addresses = ",".join(s.address for s in sentinels)
+            redis_url = f"redis+sentinel://{addresses}/{Sentinel.NAME}/0"
         primary = Postgres(hosts["db1"], root)
         primary.init_primary()
         primary.start()
@@ -132,7 +171,7 @@ def deployment(*, standby: bool = False) -> Iterator[Deployment]:
         )
         env = {
             "DATABASE_URL": database_url,
-            "REDIS_URL": redis.url,
+            "REDIS_URL": redis_url,
             "GATEWAY_ALLOWED_HOSTS": ",".join(hosts[name].address for name in ("lb", "gw1", "gw2")),
             "GATEWAY_SHUTDOWN_GRACE": "2",
         }
@@ -156,6 +195,8 @@ def deployment(*, standby: bool = False) -> Iterator[Deployment]:
             standby=second,
             redis=redis,
             token=token,
+            replica=replica,
+            sentinels=sentinels,
             root=root,
             database_url=database_url,
         )

@@ -39,6 +39,7 @@ __all__ = [
     "Gateway",
     "Postgres",
     "Redis",
+    "Sentinel",
     "open_socket",
     "postgres_bin",
     "request",
@@ -182,11 +183,14 @@ class Postgres:
 
 
 class Redis:
-    """``redis-server`` on ``host`` with nothing persisted."""
+    """``redis-server`` on ``host`` with nothing persisted; a replica of ``replica_of``."""
 
-    def __init__(self, host: Host, root: Path, port: int = 6379) -> None:
+    def __init__(
+        self, host: Host, root: Path, port: int = 6379, replica_of: Redis | None = None
+    ) -> None:
         self.host = host
         self.port = port
+        self.replica_of = replica_of
         self.dir = root / f"{host.name}-redis"
         self.log = root / f"{host.name}-redis.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -200,6 +204,8 @@ class Redis:
         argv = ["redis-server", "--bind", self.host.address, "--port", str(self.port),
                 "--save", "", "--appendonly", "no", "--protected-mode", "no",
                 "--dir", str(self.dir), "--daemonize", "no"]  # fmt: skip
+        if self.replica_of is not None:
+            argv += ["--replicaof", self.replica_of.host.address, str(self.replica_of.port)]
         self.proc = self.host.popen(argv, self.log)
         _wait(f"Redis on {self.host}", lambda: self.command("PING"), self.proc, self.log, timeout)
 
@@ -215,6 +221,75 @@ class Redis:
                 client.close()
 
         return self.host.call(run, timeout=30)
+
+
+class Sentinel:
+    """A Redis Sentinel (``redis-server CONFIG --sentinel``) on ``host`` watching ``master``.
+
+    Quick to decide, for a test: the master is down after 1 s without an
+    answer, and ``quorum`` Sentinels must agree.
+    """
+
+    NAME = "leasecast"
+
+    def __init__(
+        self, host: Host, root: Path, master: Redis, quorum: int = 2, port: int = 26379
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.master = master
+        self.quorum = quorum
+        self.dir = root / f"{host.name}-sentinel"
+        self.log = root / f"{host.name}-sentinel.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host.address}:{self.port}"
+
+    def start(self, timeout: float = 30) -> None:
+        self.dir.mkdir()
+        config = self.dir / "sentinel.conf"  # the Sentinel rewrites it: a file of its own
+        config.write_text(
+            f"port {self.port}\nbind {self.host.address}\nprotected-mode no\n"
+            f"daemonize no\ndir {self.dir}\n"
+            f"sentinel monitor {self.NAME} {self.master.host.address} {self.master.port} "
+            f"{self.quorum}\n"
+            f"sentinel down-after-milliseconds {self.NAME} 1000\n"
+            f"sentinel failover-timeout {self.NAME} 10000\n"
+            f"sentinel parallel-syncs {self.NAME} 1\n"
+        )
+        self.proc = self.host.popen(["redis-server", str(config), "--sentinel"], self.log)
+        _wait(f"Sentinel on {self.host}", lambda: self.command("PING"), self.proc, self.log,
+              timeout)  # fmt: skip
+
+    def command(self, *args: str) -> Any:
+        """One command to this Sentinel, from its own host."""
+        import redis
+
+        def run() -> Any:
+            client = redis.Redis(
+                host=self.host.address, port=self.port, socket_connect_timeout=3, socket_timeout=3
+            )
+            try:
+                return client.execute_command(*args)  # type: ignore[no-untyped-call]
+            finally:
+                client.close()
+
+        return self.host.call(run, timeout=30)
+
+    def master_state(self) -> dict[str, str]:
+        """``SENTINEL MASTER leasecast`` as a dict of text."""
+        reply = self.command("SENTINEL", "MASTER", self.NAME)
+        if isinstance(reply, dict):
+            items = list(reply.items())
+        else:
+            items = list(zip(reply[::2], reply[1::2], strict=True))
+        return {_text(k): _text(v) for k, v in items}
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class Gateway:
