@@ -125,9 +125,11 @@ test-django6:
 	  $(VENV6)/bin/pytest -q -p no:cacheprovider $(DJANGO6_TESTS); \
 	else echo "Skipping the Django 6 tests: no Python 3.12 or later on this machine"; fi
 
-## Benchmarks against their baselines; results go to docs/benchmarks.md by hand.
+## The headline comparisons against NATS JetStream, RabbitMQ, pgqueuer, NATS core,
+## Mosquitto and websockets (3 rounds, on a quiet machine): the JSON goes to
+## bench/results/, the tables into docs/benchmarks.md between its markers.
 bench: dev
-	$(BIN)/python -m bench.workqueue
+	$(BIN)/python -m bench.headline --json bench/results/headline.json --write-docs docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) $(VENV6) var .pytest_cache .mypy_cache .ruff_cache

@@ -259,7 +259,8 @@ async def memory_figures(target: Target, gateway: GatewayProcess) -> list[dict[s
     return rows
 
 
-def start_process(stack: ExitStack, args: list[str], port: int) -> None:
+def start_process(stack: ExitStack, args: list[str], port: int) -> int:
+    """Start ``args`` (killed when ``stack`` closes) and wait until ``port`` answers; its pid."""
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     stack.callback(proc.kill)
     deadline = time.monotonic() + 30
@@ -268,7 +269,7 @@ def start_process(stack: ExitStack, args: list[str], port: int) -> None:
     while time.monotonic() < deadline:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
+                return proc.pid
         except OSError:
             time.sleep(0.1)
     raise RuntimeError(f"{args} did not start")

@@ -11,7 +11,16 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["CLOCK_TICKS", "cpu_of", "loadavg", "machine_busy_seconds", "process_cpu_seconds"]
+__all__ = [
+    "CLOCK_TICKS",
+    "children_of",
+    "cpu_of",
+    "loadavg",
+    "machine_busy_seconds",
+    "pids_named",
+    "process_cpu_seconds",
+    "tree_cpu_seconds",
+]
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -51,3 +60,48 @@ def machine_busy_seconds() -> float:
 def loadavg() -> str:
     """The first three fields of ``/proc/loadavg``."""
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def pids_named(comm: str) -> list[int]:
+    """The processes whose command name (``/proc/PID/comm``) is ``comm``; may be empty."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == comm:
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+def parent_of(pid: int) -> int:
+    """The parent process id of ``pid`` (0 if it is gone)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(text[text.rindex(")") + 2 :].split()[1])
+
+
+def children_of(pid: int) -> list[int]:
+    """The live child processes of ``pid``."""
+    return [
+        int(entry.name)
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit() and parent_of(int(entry.name)) == pid
+    ]
+
+
+def tree_cpu_seconds(parent: int) -> float:
+    """CPU seconds of ``parent``, its reaped children and its live children so far.
+
+    A server that forks a process per connection (PostgreSQL) is counted
+    whole this way: a child that exits between two readings moves from the
+    live sum into the parent's reaped-children time, so differences stay right.
+    """
+    try:
+        own = process_cpu_seconds(parent, children=True)
+    except OSError:
+        return 0.0
+    return own + cpu_of(children_of(parent))

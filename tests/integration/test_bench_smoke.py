@@ -182,3 +182,78 @@ def test_topics_bench_resumes_in_order_and_completes_every_round() -> None:
     assert "| embedded | 10,000 | 1 |" in out  # the history-on arm ran
     assert "history on / off = **" in out
     assert "RESUME PROBLEMS" not in out and "INCOMPLETE" not in out, out
+
+
+def test_headline_bench_quick_measures_every_system_that_answers(tmp_path: Path) -> None:
+    """``bench.headline --quick``, smaller still: a row per system, or why it was skipped."""
+    from bench.headline import FANOUT_ORDER, QUEUE_ORDER
+
+    out_json = tmp_path / "headline.json"
+    out = bench(
+        "bench.headline",
+        *("--quick", "--cycles", "400", "--latency-messages", "100"),
+        *("--subscribers", "5", "--fanout-messages", "50", "--json", str(out_json)),
+        timeout=280,
+    )
+    data = orjson.loads(out_json.read_bytes())
+    skipped = data["skipped"]
+    # The gateway on SQLite always answers: its two client paths always have rows.
+    assert not {"leasecast-sqlite", "leasecast-sqlite-v1"} & set(skipped), skipped
+    for name in QUEUE_ORDER:
+        samples = [r for r in data["samples"] if r["system"] == name]
+        paced = [r for r in data["latencies"] if r["system"] == name]
+        if name in skipped:
+            assert skipped[name] and not samples, (name, skipped[name])
+            continue
+        assert len(samples) == 1 and samples[0]["cycles"] == 400, (name, samples)
+        assert samples[0]["cycles_per_s"] > 0 and samples[0]["client_us_per_cycle"] > 0
+        assert len(paced) == 1 and paced[0]["messages"] == 100, (name, paced)
+        assert f"| {name} | " in out and name in data["durability"]
+    for name in FANOUT_ORDER:
+        rows = [r for r in data["fanout"] if r["system"] == name]
+        if name in skipped:
+            assert skipped[name] and not rows, (name, skipped[name])
+            continue
+        assert len(rows) == 1 and rows[0]["delivered"] > 0, (name, rows)
+        if name.startswith("leasecast"):  # buffers as large as the run: nothing dropped
+            assert rows[0]["delivered"] == 5 * 50, rows
+    # The gateway's CPU comes from /proc: it is always there.
+    gateway = next(r for r in data["samples"] if r["system"] == "leasecast-sqlite")
+    assert gateway["server_us_per_cycle"] is not None
+
+
+def test_headline_tables_replace_what_lies_between_the_markers(tmp_path: Path) -> None:
+    """A rerun replaces the tables in docs/benchmarks.md; the text around them stays."""
+    from bench.headline import BEGIN, END, write_docs
+
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(f"# Benchmarks\n\nbefore\n\n{BEGIN}\nold tables\n{END}\n\nafter\n")
+    write_docs(doc, "| first | run |")
+    write_docs(doc, "| second | run |")
+    text = doc.read_text()
+    assert text == f"# Benchmarks\n\nbefore\n\n{BEGIN}\n| second | run |\n{END}\n\nafter\n"
+    assert BEGIN in (ROOT / "docs/benchmarks.md").read_text()
+
+
+def test_a_peer_whose_server_does_not_answer_is_skipped_with_the_reason() -> None:
+    """NATS and Mosquitto pointed at a port nobody listens on: the run goes on without them."""
+    from tests.integration.harness import free_port
+
+    port = str(free_port())
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "bench.headline", "--quick", "--cycles", "200"),
+            *("--latency-messages", "50", "--json", os.devnull),
+            *("--systems", "leasecast-sqlite,nats-jetstream,nats-core,mosquitto-qos0"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ | {"LEASECAST_BENCH_NATS_PORT": port, "LEASECAST_BENCH_MQTT_PORT": port},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name, what in [("nats-jetstream", "NATS"), ("nats-core", "NATS")]:
+        assert f"skipped {name}: {what} at 127.0.0.1:{port} is not reachable" in done.stderr
+    assert f"skipped mosquitto-qos0: Mosquitto (MQTT) at 127.0.0.1:{port}" in done.stderr
+    assert "| leasecast-sqlite | " in done.stdout and "Skipped: nats-jetstream: NATS" in done.stdout

@@ -1,0 +1,211 @@
+"""Leasecast through its Python client, and raw WebSocket fan-out (Leasecast, ``websockets``).
+
+- :class:`LeasecastQueue`: ``leasecast.Producer`` and ``leasecast.Worker`` as
+  they come (``batch=True``, the default path: coalesced ``enqueue_many``,
+  batched deliveries, ``ack_many``) or with ``batch=False`` (v1 frames: one
+  ``enqueue``, ``deliver``, ``ack`` per message).
+- :class:`RawSocketFanout`: subscribers as bare WebSockets, the publisher a
+  socket sending one publish frame per message and reading one reply each;
+  for the gateway (``/ws/topics/``) and for ``bench/websockets_baseline.py``
+  (``websockets.broadcast``), through :class:`bench.fanout.Target`.
+- :class:`ClientSubscriberFanout`: the gateway with ``leasecast.Subscriber``
+  subscribers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import orjson
+from leasecast import Producer, Subscriber, Worker
+from websockets.asyncio.client import ClientConnection, connect
+
+from bench.fanout import Target
+from bench.peers.base import (
+    FanoutPeer,
+    OnBodies,
+    OnMessage,
+    PeerProducer,
+    PeerPublisher,
+    PeerSubscriber,
+    PeerWorker,
+    QueuePeer,
+)
+from bench.workqueue import LeasecastTarget
+
+SQLITE_DURABILITY = (
+    "`enqueued`/`acked` after the commit; SQLite WAL with synchronous=NORMAL "
+    "(the default, GATEWAY_SQLITE_SYNCHRONOUS): survives a crash of the process, "
+    "no fsync per commit (FULL adds one)"
+)
+POSTGRES_DURABILITY = (
+    "`enqueued`/`acked` after the commit; synchronous_commit on: every group commit of "
+    "enqueues and acks waits for the WAL fsync (lease rounds do not)"
+)
+
+
+class _ClientProducer(PeerProducer):
+    def __init__(self, producer: Producer, queue: str) -> None:
+        self.producer = producer
+        self.queue = queue
+
+    async def enqueue(self, body: dict[str, float]) -> None:
+        await self.producer.enqueue(self.queue, body)
+
+    async def close(self) -> None:
+        await self.producer.close()
+
+
+class _ClientWorker(PeerWorker):
+    def __init__(self, worker: Worker, on_message: OnMessage) -> None:
+        self.worker = worker
+        self.loop = asyncio.create_task(self._run(on_message))
+
+    async def _run(self, on_message: OnMessage) -> None:
+        async for delivery in self.worker:
+            on_message(delivery.body["t"], delivery.ack)
+
+    async def close(self) -> None:
+        await self.worker.close()
+        self.loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self.loop
+
+
+class LeasecastQueue(QueuePeer):
+    """A gateway driven by ``leasecast.Producer`` and ``leasecast.Worker``."""
+
+    def __init__(self, target: LeasecastTarget, *, batch: bool, database: str) -> None:
+        self.target = target
+        self.batch = batch
+        self.name = f"leasecast-{database}" + ("" if batch else "-v1")
+        self.durability = POSTGRES_DURABILITY if database == "postgres" else SQLITE_DURABILITY
+        self.url = target.gateway.http
+        self.token = target.headers["Authorization"].removeprefix("Bearer ")
+        self.runs = 0
+
+    async def new_queue(self) -> str:
+        self.runs += 1
+        return f"hl{self.runs}x{id(self) % 10_000}{'b' if self.batch else 'v'}"
+
+    async def producer(self, queue: str) -> PeerProducer:
+        producer = Producer(self.url, token=self.token, batch=self.batch)
+        await producer.__aenter__()
+        return _ClientProducer(producer, queue)
+
+    async def worker(self, queue: str, prefetch: int, on_message: OnMessage) -> PeerWorker:
+        worker = Worker(self.url, queue, token=self.token, prefetch=prefetch, batch=self.batch)
+        await worker.connect()
+        return _ClientWorker(worker, on_message)
+
+    def server_pids(self) -> list[int]:
+        proc = self.target.gateway.proc
+        return [proc.pid] if proc is not None else []
+
+
+# -- fan-out ------------------------------------------------------------------
+
+
+class _SocketSubscriber(PeerSubscriber):
+    def __init__(self, ws: ClientConnection, leasecast: bool, on_bodies: OnBodies) -> None:
+        self.ws = ws
+        self.reader = asyncio.create_task(self._read(leasecast, on_bodies))
+
+    async def _read(self, leasecast: bool, on_bodies: OnBodies) -> None:
+        async for text in self.ws:
+            frame = orjson.loads(text)
+            if leasecast:
+                if frame.get("op") == "messages":
+                    on_bodies([item["body"]["t"] for item in frame["items"]])
+            else:
+                on_bodies([frame["body"]["t"]])
+
+    async def close(self) -> None:
+        await self.ws.close()
+        self.reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self.reader
+
+
+class _SocketPublisher(PeerPublisher):
+    """Publish frames on one socket; each reply (in order) confirms the oldest publish."""
+
+    def __init__(self, ws: ClientConnection, target: Target) -> None:
+        self.ws = ws
+        self.target = target
+        self.waiting: asyncio.Queue[asyncio.Future[None]] = asyncio.Queue()
+        self.reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        async for _reply in self.ws:
+            self.waiting.get_nowait().set_result(None)
+
+    async def publish(self, topic: str, body: dict[str, float]) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiting.put_nowait(future)
+        frame: dict[str, Any] = {"topic": topic, "body": body}
+        if self.target.leasecast:
+            frame["op"] = "publish"
+        await self.ws.send(orjson.dumps(frame).decode())
+        await future
+
+    async def close(self) -> None:
+        await self.ws.close()
+        self.reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self.reader
+
+
+class RawSocketFanout(FanoutPeer):
+    """Bare WebSocket subscribers of the gateway or of the ``websockets.broadcast`` server."""
+
+    def __init__(self, name: str, target: Target, pids: list[int], delivery: str) -> None:
+        self.name = name
+        self.target = target
+        self.pids = pids
+        self.delivery = delivery
+
+    async def subscriber(self, topic: str, expected: int, on_bodies: OnBodies) -> PeerSubscriber:
+        ws = await connect(
+            self.target.sub_url(topic, max(expected, 1024)),
+            additional_headers=self.target.headers,
+            max_size=None,
+        )
+        return _SocketSubscriber(ws, self.target.leasecast, on_bodies)
+
+    async def publisher(self) -> PeerPublisher:
+        ws = await connect(self.target.pub_url(), additional_headers=self.target.headers)
+        return _SocketPublisher(ws, self.target)
+
+    def server_pids(self) -> list[int]:
+        return self.pids
+
+
+class _ClientSubscriber(PeerSubscriber):
+    def __init__(self, subscriber: Subscriber, on_bodies: OnBodies) -> None:
+        self.subscriber = subscriber
+        self.reader = asyncio.create_task(self._read(on_bodies))
+
+    async def _read(self, on_bodies: OnBodies) -> None:
+        async for message in self.subscriber:
+            on_bodies([message.body["t"]])
+
+    async def close(self) -> None:
+        await self.subscriber.close()
+        self.reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self.reader
+
+
+class ClientSubscriberFanout(RawSocketFanout):
+    """The gateway, subscribed through ``leasecast.Subscriber`` (its default credit)."""
+
+    async def subscriber(self, topic: str, expected: int, on_bodies: OnBodies) -> PeerSubscriber:
+        token = self.target.headers["Authorization"].removeprefix("Bearer ")
+        subscriber = Subscriber(
+            self.target.base, topic, token=token, capacity=max(expected, 1024), reconnect=False
+        )
+        await subscriber.__aenter__()
+        return _ClientSubscriber(subscriber, on_bodies)
