@@ -307,6 +307,8 @@ _BROWSE_STATES: tuple[BrowseState, ...] = ("visible", "delayed", "in_flight", "d
 #: "1_000" and other scripts' digits, and ``str.isdigit()`` takes "²"), short
 #: enough that ``int()`` never works hard on it.
 _DIGITS = re.compile(r"-?[0-9]{1,19}")
+#: A number with a fraction or exponent in a query (``if_visible_at``), ASCII only.
+_DECIMAL = re.compile(r"-?[0-9]{1,20}(?:\.[0-9]{1,20})?(?:[eE][-+]?[0-9]{1,3})?")
 #: Largest number a path or query takes: the store's 64-bit integers.
 _I64_MAX = 2**63 - 1
 
@@ -340,10 +342,8 @@ def _condition(request: HttpRequest) -> MessageCondition | None:
     raw_at = request.GET.get("if_visible_at")
     visible_at = None
     if raw_at is not None:
-        try:
-            visible_at = float(raw_at)
-        except ValueError:
-            visible_at = math.nan
+        # A JSON number, as GET .../messages gave it (float() also takes "1_0", " 1", "inf").
+        visible_at = float(raw_at) if _DECIMAL.fullmatch(raw_at) else math.nan
         if not math.isfinite(visible_at):
             raise Invalid(f"if_visible_at must be a number, got {raw_at[:40]!r}")
     if state is None and deliveries is None and visible_at is None:

@@ -407,6 +407,8 @@ async def test_numbers_in_paths_and_queries_are_checked(
         ("GET", f"/api/queues/{q}/messages?after=99999999999999999999999", None),
         ("GET", f"/api/queues/{q}/messages?after=1_000", None),
         ("DELETE", f"/api/queues/{q}/messages/1?if_deliveries=%20%201", None),
+        ("DELETE", f"/api/queues/{q}/messages/1?if_visible_at=1_0", None),
+        ("DELETE", f"/api/queues/{q}/messages/1?if_visible_at=%D9%A1", None),
     ):
         status, got = await ahttp(method, gateway.http + url, admin_token, body)
         assert isinstance(got, dict), (method, url, got)
