@@ -43,6 +43,7 @@ import sys
 from typing import Any
 
 from gateway.redact import install_log_redaction, redacting_access_log
+from gateway.server_limits import raise_file_limit
 
 DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
 SERVERS = ("daphne", "uvicorn")
@@ -246,6 +247,8 @@ def main(argv: list[str] | None = None) -> None:
     # No token reaches a log line, the servers' access logs included
     # (gateway/redact.py): clients may send theirs as ?token=.
     install_log_redaction()
+    # Before the per-address cap's default is read from it (gateway.server_limits).
+    raise_file_limit()
     if server == "uvicorn":
         try:
             from uvicorn.main import main as uvicorn_main

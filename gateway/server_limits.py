@@ -19,11 +19,15 @@ alike (docs/operations.md, Limits on anonymous clients):
   An idle timeout alone is reset by every line, so a client sending one
   header line every 5 s kept a connection for ever.
 - **Connections per address** (``GATEWAY_MAX_PENDING_PER_ADDRESS``, default
-  256). At most this many connections from one client address may be
-  waiting for their request head to end (unauthenticated: nothing is known
-  of who they are yet); one more is answered 503 ``unavailable`` and
-  closed. 1,009 slow connections from one address had used up a 1,024 file
-  limit and ``/healthz`` failed.
+  a quarter of the process's file limit, between 64 and 1,024). At most this
+  many connections from one client address may be waiting for their request
+  head to end (unauthenticated: nothing is known of who they are yet); one
+  more is answered 503 ``unavailable`` and closed. 1,009 slow connections
+  from one address had used up a 1,024 file limit and ``/healthz`` failed.
+  The serving process first raises its soft file limit to the hard one
+  (:func:`raise_file_limit`), so on most machines the default is 1,024: a
+  load balancer's burst of handshakes (all from its one address) passes,
+  and one address still cannot use up the files.
 
 Pure parts (the settings, the response) import neither server: importing
 ``daphne.server`` installs Twisted's asyncio reactor, which a uvicorn
@@ -40,13 +44,14 @@ from typing import Any
 
 __all__ = [
     "DEFAULT_HEAD_TIMEOUT",
-    "DEFAULT_MAX_PENDING_PER_ADDRESS",
     "DEFAULT_MAX_REQUEST_BYTES",
     "BodyLimit",
     "PendingHeads",
+    "default_max_pending_per_address",
     "head_timeout",
     "max_pending_per_address",
     "max_request_bytes",
+    "raise_file_limit",
     "too_large_body",
 ]
 
@@ -56,8 +61,11 @@ logger = logging.getLogger("leasecast.server")
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
 #: ``GATEWAY_REQUEST_HEAD_TIMEOUT``'s default, seconds.
 DEFAULT_HEAD_TIMEOUT = 20.0
-#: ``GATEWAY_MAX_PENDING_PER_ADDRESS``'s default.
-DEFAULT_MAX_PENDING_PER_ADDRESS = 256
+#: ``GATEWAY_MAX_PENDING_PER_ADDRESS``'s default is this share of the file
+#: limit, clamped to the bounds below.
+PENDING_SHARE_OF_FILE_LIMIT = 4
+MIN_DEFAULT_PENDING = 64
+MAX_DEFAULT_PENDING = 1024
 #: Seconds a connection whose body was refused is still read (and the bytes
 #: dropped) after the 413 went out, so the client reads the answer instead of
 #: a reset; then it is closed.
@@ -102,14 +110,52 @@ def head_timeout() -> float:
     return seconds
 
 
+def raise_file_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit.
+
+    Returns the soft limit in force afterwards. Servers do this (nginx's
+    ``worker_rlimit_nofile``, systemd's services): a default soft limit of
+    1,024 is a few hundred clients.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):  # a container may refuse: keep the soft limit
+            pass
+    return _finite(soft)
+
+
+def _finite(limit: int) -> int:
+    import resource
+
+    return 1 << 20 if limit == resource.RLIM_INFINITY else int(limit)
+
+
+def default_max_pending_per_address(file_limit: int) -> int:
+    """A quarter of ``file_limit``, between 64 and 1,024: one address can
+    never hold more than a quarter of the process's files with unfinished
+    heads, and a balancer's burst of a few hundred handshakes still passes."""
+    share = file_limit // PENDING_SHARE_OF_FILE_LIMIT
+    return max(MIN_DEFAULT_PENDING, min(MAX_DEFAULT_PENDING, share))
+
+
 def max_pending_per_address() -> int:
     """Connections one address may have waiting for their head to end.
 
-    ``GATEWAY_MAX_PENDING_PER_ADDRESS``, default 256; 0 is no cap.
+    ``GATEWAY_MAX_PENDING_PER_ADDRESS``; 0 is no cap. Unset, a quarter of the
+    process's file limit (between 64 and 1,024), read after
+    :func:`raise_file_limit`.
     """
     value = os.environ.get("GATEWAY_MAX_PENDING_PER_ADDRESS", "")
     if not value:
-        return DEFAULT_MAX_PENDING_PER_ADDRESS
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return default_max_pending_per_address(_finite(soft))
     try:
         number = int(value)
     except ValueError:

@@ -94,7 +94,14 @@ def test_pending_heads_are_capped_per_address() -> None:
 
 
 def test_server_limit_settings_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gateway.server_limits import head_timeout, max_pending_per_address, max_request_bytes
+    import resource
+
+    from gateway.server_limits import (
+        default_max_pending_per_address,
+        head_timeout,
+        max_pending_per_address,
+        max_request_bytes,
+    )
 
     for name in (
         "GATEWAY_MAX_REQUEST_BYTES",
@@ -105,7 +112,7 @@ def test_server_limit_settings_are_checked(monkeypatch: pytest.MonkeyPatch) -> N
     assert (max_request_bytes(), head_timeout(), max_pending_per_address()) == (
         16 * 1024 * 1024,
         20.0,
-        256,
+        default_max_pending_per_address(resource.getrlimit(resource.RLIMIT_NOFILE)[0]),
     )
     for name, bad in (
         ("GATEWAY_MAX_REQUEST_BYTES", "0"),
@@ -118,6 +125,32 @@ def test_server_limit_settings_are_checked(monkeypatch: pytest.MonkeyPatch) -> N
         with pytest.raises(ValueError, match=name):
             (max_request_bytes(), head_timeout(), max_pending_per_address())
         monkeypatch.delenv(name)
+
+
+def test_the_default_per_address_cap_is_a_quarter_of_the_file_limit_within_bounds() -> None:
+    from gateway.server_limits import default_max_pending_per_address
+
+    # 1,024 files (a common soft limit): one address holds at most 256 of them
+    # with unfinished heads; a raised limit lets a balancer's burst through.
+    assert default_max_pending_per_address(1024) == 256
+    assert default_max_pending_per_address(100) == 64
+    assert default_max_pending_per_address(20_000) == 1024
+    assert default_max_pending_per_address(1 << 20) == 1024
+
+
+def test_serving_raises_the_soft_file_limit_to_the_hard_one() -> None:
+    import resource
+
+    from gateway.server_limits import raise_file_limit
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = min(soft, 256)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+    try:
+        assert raise_file_limit() == (hard if hard != resource.RLIM_INFINITY else 1 << 20)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 async def test_body_limit_answers_413_once_a_streamed_body_passes_it() -> None:
