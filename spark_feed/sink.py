@@ -115,6 +115,16 @@ class _Gateway:
         except (OSError, http.client.HTTPException) as err:
             self.close()
             raise SinkError(f"{method} {path}: {err}") from err
+        if response.status == 403 and path.startswith("/api/transactions/"):
+            # A transaction belongs to the principal that first staged into
+            # it (docs/protocol.md, Staged enqueue): retrying cannot help.
+            txn = path.split("/")[3]
+            raise SinkError(
+                f"{method} {path}: HTTP 403: transaction {txn!r} belongs to another token "
+                "(a restarted query must use the token, or signed-token subject, that staged "
+                f"it; an admin token may abort it: POST /api/transactions/{txn}/abort) "
+                f"{data[:300]!r}"
+            )
         if response.status != 200:
             raise SinkError(f"{method} {path}: HTTP {response.status} {data[:300]!r}")
         return json.loads(data)

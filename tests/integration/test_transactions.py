@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from tests.integration.harness import GatewayProcess, Socket, ahttp, unique
 
 
@@ -133,3 +135,39 @@ async def test_a_transaction_belongs_to_the_principal_that_first_staged_into_it(
     assert (status, reply) == (200, {"aborted": 2, "already": False})
     status, stats = await ahttp("GET", f"{gateway.http}/api/queues/{q}", admin_token)
     assert stats["visible"] == 2, stats
+
+
+async def test_the_spark_sink_says_whose_transaction_it_is_instead_of_retrying(
+    gateway: GatewayProcess, admin_token: str
+) -> None:
+    """A query restarted with another token cannot stage into its own old
+    transaction (it belongs to its first stager): the sink's error says so and
+    how to clear it, rather than a bare HTTP 403 that looks worth retrying."""
+    import asyncio
+
+    import pytest
+
+    pytest.importorskip("pyspark", reason="the Spark sink needs pyspark (the spark extra)")
+    from spark_feed.sink import SinkError, _Gateway
+
+    q, txn = unique(), f"query-{unique('t')}-batch-3"
+    first = gateway.issue_token(f"enqueue:{q}", name="first")
+    second = gateway.issue_token(f"enqueue:{q}", name="second")
+    body = {"queue": q, "messages": [{"body": 1}]}
+    path = f"/api/transactions/{txn}/partitions/0"
+
+    def stage(token: str) -> Any:
+        client = _Gateway(gateway.http, token, timeout=10)
+        try:
+            return client.request("PUT", path, body)
+        finally:
+            client.close()
+
+    assert (await asyncio.to_thread(stage, first))["state"] == "staged"
+    with pytest.raises(SinkError) as refused:
+        await asyncio.to_thread(stage, second)
+    message = str(refused.value)
+    assert "HTTP 403" in message and "belongs to another token" in message
+    assert f"/api/transactions/{txn}/abort" in message
+    status, reply = await ahttp("GET", f"{gateway.http}/api/queues/{q}", admin_token)
+    assert status == 200 and reply["visible"] == 0  # nothing of the second token's applied
