@@ -77,6 +77,22 @@ FANOUT_ORDER = (
 )
 
 
+#: (argument, the full run's value, --quick's value, help)
+SIZES: list[tuple[str, int | float, int | float, str]] = [
+    ("cycles", 20_000, 2_000, "cycles per measurement"),
+    ("rounds", 3, 1, "rounds, systems in alternation"),
+    ("producers", 4, 4, "producer connections"),
+    ("window", 500, 500, "unconfirmed enqueues per producer"),
+    ("workers", 4, 4, "worker connections"),
+    ("prefetch", 100, 100, "deliveries a worker holds"),
+    ("latency_rate", 500.0, 500.0, "messages/s of the paced latency runs"),
+    ("latency_messages", 3_000, 500, "messages per paced latency run"),
+    ("subscribers", 100, 20, "fan-out subscribers"),
+    ("fanout_messages", 2_000, 200, "fan-out publishes"),
+    ("warmup", 1_000, 0, "warm-up cycles per system first (0: none)"),
+]
+
+
 def rotated(round_: int, items: list[Any]) -> list[Any]:
     """Round 1 in order, round 2 from the second item, and so on."""
     k = (round_ - 1) % len(items) if items else 0
@@ -101,7 +117,7 @@ def postmaster_pid() -> int:
 def queue_peers(
     stack: ExitStack, wanted: set[str], skipped: dict[str, str]
 ) -> list[tuple[QueuePeer, bool]]:
-    """The work-queue systems that answer, each with whether PostgreSQL is its database."""
+    """The work-queue systems that answer, each with whether to count PostgreSQL beside it."""
     peers: list[tuple[QueuePeer, bool]] = []
     for database in ("sqlite", "postgres"):
         names = {f"leasecast-{database}", f"leasecast-{database}-v1"} & wanted
@@ -132,7 +148,8 @@ def queue_peers(
             if reason := postgres_unavailable():
                 skipped[name] = reason
             else:
-                peers.append((PgQueuerQueue(batch=batch), True))
+                # Its server is PostgreSQL: counted once, as the server.
+                peers.append((PgQueuerQueue(batch=batch), False))
     return peers
 
 
@@ -218,8 +235,6 @@ async def measure_cycles(
     db = tree_cpu_seconds(postmaster) - db0 if db0 is not None else None
     client = time.process_time() - client0
     others = max(0.0, machine_busy_seconds() - busy0 - client - (server or 0) - (db or 0))
-    if isinstance(peer, PgQueuerQueue):
-        db = None  # its server is PostgreSQL: counted once, as the server
     n = args.cycles
     return {
         "system": peer.name,
@@ -502,26 +517,32 @@ def report(data: dict[str, Any]) -> str:
         f"Run {data['when']} (commit {data['commit']}), {data['cores']} cores, "
         f"load average {data['load_before']} before and {data['load_after']} after, "
         f"{data['seconds']:.0f} s; {a['rounds']} round(s), systems in alternation.",
-        "",
-        f"**Work queue**: {a['cycles']:,} cycles a measurement, {a['producers']} producers x "
-        f"{a['window']} unconfirmed, {a['workers']} workers x prefetch {a['prefetch']}:",
-        "",
-        queue_table(data),
-        "",
-        f"**Latency**: enqueue to delivery at a paced {a['latency_rate']:,.0f} messages/s "
-        f"({a['latency_messages']:,} messages, one producer):",
-        "",
-        latency_table(data),
-        "",
-        f"**Fan-out**: {a['subscribers']:,} subscribers, {a['fanout_messages']:,} messages, "
-        "100 publishes unconfirmed at most:",
-        "",
-        fanout_table(data),
-        "",
-        "**Durability and delivery**, as each system ran:",
-        "",
-        durability_table(data),
     ]
+    if data["samples"]:
+        parts += [
+            "",
+            f"**Work queue**: {a['cycles']:,} cycles a measurement, {a['producers']} producers "
+            f"x {a['window']} unconfirmed, {a['workers']} workers x prefetch {a['prefetch']}:",
+            "",
+            queue_table(data),
+        ]
+    if data["latencies"]:
+        parts += [
+            "",
+            f"**Latency**: enqueue to delivery at a paced {a['latency_rate']:,.0f} messages/s "
+            f"({a['latency_messages']:,} messages, one producer):",
+            "",
+            latency_table(data),
+        ]
+    if data["fanout"]:
+        parts += [
+            "",
+            f"**Fan-out**: {a['subscribers']:,} subscribers, {a['fanout_messages']:,} "
+            "messages, 100 publishes unconfirmed at most:",
+            "",
+            fanout_table(data),
+        ]
+    parts += ["", "**Durability and delivery**, as each system ran:", "", durability_table(data)]
     if data["skipped"]:
         parts += ["", "Skipped: " + "; ".join(f"{k}: {v}" for k, v in data["skipped"].items())]
     return "\n".join(parts)
@@ -549,17 +570,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m bench.headline", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--cycles", type=int, default=20_000, help="cycles per measurement")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--producers", type=int, default=4)
-    parser.add_argument("--window", type=int, default=500, help="unconfirmed per producer")
-    parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--prefetch", type=int, default=100)
-    parser.add_argument("--latency-rate", type=float, default=500)
-    parser.add_argument("--latency-messages", type=int, default=3000)
-    parser.add_argument("--subscribers", type=int, default=100)
-    parser.add_argument("--fanout-messages", type=int, default=2000)
-    parser.add_argument("--warmup", type=int, default=1000, help="cycles per system first; 0: none")
+    # Sizes: the full run's, --quick's; one given on the command line wins over both.
+    for name, full, quick, text in SIZES:
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            type=type(full),
+            default=None,
+            help=f"{text} (default {full:,}; --quick: {quick:,})",
+        )
     parser.add_argument(
         "--systems",
         default=",".join(QUEUE_ORDER + FANOUT_ORDER),
@@ -568,7 +586,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="a smoke run: 2,000 cycles, 1 round, 500 paced, 20 subscribers x 200",
+        help="a smoke run: the --quick sizes above",
     )
     parser.add_argument("--json", type=Path, default=ROOT / "bench/results/headline.json")
     parser.add_argument("--write-docs", type=Path, help="replace the tables between the markers")
@@ -577,18 +595,9 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(args.systems) - set(QUEUE_ORDER + FANOUT_ORDER)
     if unknown:
         parser.error(f"unknown systems: {', '.join(sorted(unknown))}")
-    if args.quick:  # sizes given on the command line win over the quick ones
-        quick = {
-            "cycles": 2_000,
-            "rounds": 1,
-            "latency_messages": 500,
-            "warmup": 0,
-            "subscribers": 20,
-            "fanout_messages": 200,
-        }
-        for name, value in quick.items():
-            if getattr(args, name) == parser.get_default(name):
-                setattr(args, name, value)
+    for name, full, quick, _ in SIZES:
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
     started = time.time()
     load_before = loadavg()
     data = asyncio.run(run(args))
