@@ -21,8 +21,11 @@ from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 __all__ = ["SentinelTarget", "async_client", "layer_host", "parse_sentinel_url", "sync_client"]
@@ -30,6 +33,14 @@ __all__ = ["SentinelTarget", "async_client", "layer_host", "parse_sentinel_url",
 SENTINEL_SCHEME = "redis+sentinel"
 #: How long a question to one Sentinel may take before the next one is asked.
 SENTINEL_TIMEOUT = 1.0
+
+
+def sentinel_kwargs() -> dict[str, Any]:
+    """How the gateway's clients talk to the Sentinels themselves: a Sentinel
+    that does not answer is passed over at once for the next one. (redis-py's
+    default retries it with a backoff of seconds, and a dead Sentinel first in
+    the list held every lookup of the master, so every command, that long.)"""
+    return {"socket_timeout": SENTINEL_TIMEOUT, "retry": Retry(NoBackoff(), 0)}
 
 
 @dataclass(frozen=True)
@@ -120,7 +131,7 @@ def async_client(url: str, *, max_connections: int, wait: float | None = None) -
         return aioredis.Redis(connection_pool=pool)
     sentinel = AsyncSentinel(  # type: ignore[no-untyped-call]
         list(target.sentinels),
-        sentinel_kwargs={"socket_timeout": SENTINEL_TIMEOUT},
+        sentinel_kwargs={**sentinel_kwargs(), "retry": AsyncRetry(NoBackoff(), 0)},
         socket_timeout=None,
     )
     extra: dict[str, Any] = {"max_connections": max_connections, **target.master_kwargs()}
@@ -136,7 +147,7 @@ def sync_client(url: str, **kwargs: Any) -> redis.Redis:
     if target is None:
         return redis.Redis.from_url(url, **kwargs)
     sentinel = Sentinel(  # type: ignore[no-untyped-call]
-        list(target.sentinels), sentinel_kwargs={"socket_timeout": SENTINEL_TIMEOUT}, **kwargs
+        list(target.sentinels), sentinel_kwargs=sentinel_kwargs(), **kwargs
     )
     client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
         target.master, **target.master_kwargs()
@@ -152,6 +163,6 @@ def layer_host(url: str) -> str | dict[str, Any]:
     return {
         "sentinels": [list(address) for address in target.sentinels],
         "master_name": target.master,
-        "sentinel_kwargs": {"socket_timeout": SENTINEL_TIMEOUT},
+        "sentinel_kwargs": {**sentinel_kwargs(), "retry": AsyncRetry(NoBackoff(), 0)},
         **target.master_kwargs(),
     }

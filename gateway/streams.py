@@ -74,6 +74,8 @@ READ_COUNT = 1000
 #: How long one blocking XREAD waits (ms) before looking at its topics again:
 #: a topic followed meanwhile is read from its follow position within this.
 READ_BLOCK_MS = 100
+#: Longest wait (seconds) between the reader's attempts while Redis fails.
+READ_RETRY_MAX = 1.0
 #: Seconds between checks that the followed topics' epochs still stand (a
 #: Redis that lost its data while nothing was published is seen this way).
 EPOCH_CHECK = 1.0
@@ -326,7 +328,7 @@ class RedisTopics:
                     # Before reading again: a Redis that lost its data has new
                     # streams whose offsets must not pass for the old ones'.
                     await self._check_epochs()
-                    suspect = False
+                    suspect, backoff = False, 0.1
                     continue  # the followed set may have changed
                 source, result = await self._read_streams(streams)
                 if source != self._source:
@@ -348,7 +350,9 @@ class RedisTopics:
                 log.warning("reading topic streams failed (%s); retrying", exc)
                 suspect = True
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                # At most a second: one reader per process, and the relay
+                # resumes within a second of Redis (or a new master) answering.
+                backoff = min(backoff * 2, READ_RETRY_MAX)
                 continue
             for key, rows in result or ():
                 topic = _topic_of(_text(key), self.prefix)

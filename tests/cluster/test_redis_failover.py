@@ -22,7 +22,9 @@ subscribed"):
 - resubscribing with their ``since``/``epoch`` is answered
   ``recovered: false`` with a new epoch, and every publish confirmed after
   that reaches them, no hole;
-- both gateways publish again by themselves (no restart), through the new master.
+- publishes in the switch are answered ``unavailable`` (the publisher sends
+  them again), and both gateways publish again by themselves (no restart),
+  through the new master.
 """
 
 from __future__ import annotations
@@ -223,6 +225,8 @@ async def test_redis_master_replaced_through_sentinel_gives_a_new_epoch_never_a_
             f"(offset, body) around the switch: "
             f"{[[i for i in s.items if abs(i[1] - before_switch) < 8] for s in old]}"
         )
+        # The switch reached the publisher as errors it can retry, not as a hang.
+        assert publisher.refused > 0, summary
         for s in old:
             assert s.close_code == CLOSE_NEW_EPOCH, f"{summary}\n{d.logs()}"
             assert s.in_order() and not s.holes() and s.dropped == 0, (s.items, summary)

@@ -55,14 +55,18 @@ async def test_clients_of_a_sentinel_url_ask_the_sentinels_for_the_master() -> N
         assert isinstance(pool, SentinelConnectionPool)
         assert isinstance(pool, aioredis.BlockingConnectionPool)  # waits, never "too many"
         assert pool.service_name == "main" and pool.connection_kwargs["db"] == 2
+        assert pool.sentinel_manager.sentinel_kwargs["retry"].get_retries() == 0
     finally:
         await client.aclose()
     blocking = sync_client(url, socket_timeout=3)
     assert isinstance(blocking, redis.Redis)
     assert blocking.connection_pool.service_name == "main"  # type: ignore[attr-defined]
-    assert layer_host(url) == {
-        "sentinels": [["s1", 26379], ["s2", 26380]],
-        "master_name": "main",
-        "sentinel_kwargs": {"socket_timeout": 1.0},
-        "db": 2,
-    }
+    host = layer_host(url)
+    assert isinstance(host, dict)
+    assert (host["sentinels"], host["master_name"], host["db"]) == (
+        [["s1", 26379], ["s2", 26380]],
+        "main",
+        2,
+    )
+    # A Sentinel that does not answer is passed over at once, not retried for seconds.
+    assert host["sentinel_kwargs"]["retry"].get_retries() == 0
