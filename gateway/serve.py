@@ -140,6 +140,10 @@ def uvicorn_args(argv: list[str]) -> list[str]:
         # frames of 100-200 bytes it does not shrink (docs/benchmarks.md,
         # Efficiency); daphne does not compress either.
         "--ws-per-message-deflate": "false",
+        # uvicorn's "auto" takes uvloop whenever something installed it (a
+        # benchmark baseline's dependency does): the gateway is tested and
+        # measured on asyncio's own loop, so that is the default.
+        "--loop": "asyncio",
     }
     args_out: list[str] = []
     for name, value in defaults.items():

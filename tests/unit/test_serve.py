@@ -55,6 +55,9 @@ def test_uvicorn_gets_the_same_limits_and_daphnes_spelling(
     assert option(args, "--lifespan") == "off"
     assert option(args, "--timeout-graceful-shutdown") == "30"
     assert option(args, "--ws-per-message-deflate") == "false"
+    # asyncio's loop even where uvloop is installed (uvicorn's "auto" takes it)
+    assert option(args, "--loop") == "asyncio"
+    assert option(uvicorn_args(["--loop", "uvloop"]), "--loop") == "uvloop"
 
 
 def test_uvicorn_callers_options_win(monkeypatch: pytest.MonkeyPatch) -> None:
