@@ -24,7 +24,8 @@ subscribed"):
   that reaches them, no hole;
 - publishes in the switch are answered ``unavailable`` (the publisher sends
   them again), and both gateways publish again by themselves (no restart),
-  through the new master.
+  through the new master; the channel layer follows it too (a dashboard
+  shows both processes again).
 """
 
 from __future__ import annotations
@@ -179,6 +180,22 @@ async def publish_directly(d: Deployment, gateway: int, topic: str, body: Any) -
             await asyncio.sleep(0.1)
 
 
+async def peer_heard_after(d: Deployment, moment: float, timeout: float = 30) -> bool:
+    """Whether a dashboard on gw1 shows a snapshot of the other process taken after
+    ``moment`` (wall clock), which only the channel layer can have brought."""
+    url = f"ws://{d.gateways[0].host.address}:{GATEWAY_PORT}/ws/dashboard/"
+    deadline = time.monotonic() + timeout
+    async with await open_socket(d.client, url, d.token) as dash:
+        while time.monotonic() < deadline:
+            frame = await dash.next(timeout=5)
+            if frame["op"] != "snapshot":
+                continue  # the history frame, once
+            here, *peers = frame["processes"]
+            if any(p["name"] != here["name"] and p["time"] > moment for p in peers):
+                return True
+    return False
+
+
 async def test_redis_master_replaced_through_sentinel_gives_a_new_epoch_never_a_gap(
     sentinel: Deployment,
 ) -> None:
@@ -252,6 +269,9 @@ async def test_redis_master_replaced_through_sentinel_gives_a_new_epoch_never_a_
             lambda: all(set(wanted) <= set(s.bodies) for s in new), 20, "the new epoch delivered"
         )
         new_epoch = new[0].subscribed["epoch"] if new[0].subscribed else None
+        # The channel layer follows the master too: a dashboard on gw1 hears
+        # from gw2 again.
+        assert await peer_heard_after(d, time.time()), "no snapshot of gw2 after the switch"
         for s in new:
             assert s.in_order() and not s.holes() and s.dropped == 0, s.items
             assert not s.missing(), s.missing()
