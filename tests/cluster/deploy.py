@@ -18,6 +18,7 @@ of every host and deletes the namespaces and data directories afterwards.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import threading
@@ -112,6 +113,18 @@ def _watching(replica: Redis, sentinels: list[Sentinel], timeout: float = 30) ->
         time.sleep(0.2)
 
 
+#: Data directories and logs of a run: ``leasecast-cluster-<pid of the test run>-...``.
+_ROOT_PREFIX = "leasecast-cluster-"
+
+
+def _sweep_stale_roots() -> None:
+    """Remove the directories of runs that were killed before their teardown."""
+    for path in Path(tempfile.gettempdir()).glob(f"{_ROOT_PREFIX}*-*"):
+        pid = path.name[len(_ROOT_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(path, ignore_errors=True)
+
+
 @contextmanager
 def deployment(*, standby: bool = False, sentinel: bool = False) -> Iterator[Deployment]:
     """Start the hosts and servers; ``standby`` adds db2, a synchronous standby of db1;
@@ -122,7 +135,8 @@ def deployment(*, standby: bool = False, sentinel: bool = False) -> Iterator[Dep
     multi-host form with ``target_session_attrs=read-write``), as
     docs/operations.md says to run them.
     """
-    root = Path(tempfile.mkdtemp(prefix="leasecast-cluster-"))
+    _sweep_stale_roots()
+    root = Path(tempfile.mkdtemp(prefix=f"{_ROOT_PREFIX}{os.getpid()}-"))
     root.chmod(0o755)  # the postgres user reaches its data directories through it
     network = Network()
     try:
