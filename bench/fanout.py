@@ -42,7 +42,7 @@ import orjson
 from websockets.asyncio.client import connect
 
 from bench.workqueue import percentile
-from gateway.fanout import Dispatcher, Policy
+from gateway.core.fanout import Dispatcher, Policy
 from tests.databases import sqlite_database
 from tests.integration.harness import GatewayProcess, free_port
 

@@ -26,13 +26,10 @@ from consumers.limits import (
     limit_key,
     too_many_sockets,
 )
-from gateway import metrics
-from gateway.auth import PRINCIPAL_KEY, SessionGrant, principal_for_signed
-from gateway.broadcast import Published
+from gateway.access.auth import PRINCIPAL_KEY, SessionGrant, principal_for_signed
 from gateway.conf import GatewaySettings, gateway_settings
-from gateway.engine import Engine
-from gateway.errors import Forbidden, Invalid, ProtocolError, Unavailable
-from gateway.protocol import (
+from gateway.core.errors import Forbidden, Invalid, ProtocolError, Unavailable
+from gateway.core.protocol import (
     REFRESH_OP,
     ClientFrame,
     EnqueueFrame,
@@ -48,10 +45,12 @@ from gateway.protocol import (
     parse_refresh,
     read_ref,
 )
-from gateway.runtime import current_runtime
-from gateway.scopes import Action, Principal
+from gateway.core.scopes import Action, Principal
+from gateway.engine import Engine
+from gateway.runtime import current_runtime, metrics
+from gateway.server.transport import SocketWindow, transport_flow
 from gateway.store import Enqueue, EnqueueResult, Result
-from gateway.transport import SocketWindow, transport_flow
+from gateway.topics.broadcast import Published
 
 __all__ = [
     "CLOSE_FORBIDDEN",
@@ -131,7 +130,7 @@ class GatewaySocket(AsyncWebsocketConsumer):
         self._outbox: list[str] = []
         self._outbox_ready = asyncio.Event()
         # Frames pending and the transport's room: the socket's writability
-        # (gateway.transport, design decision 14), told to writable_changed().
+        # (gateway.server.transport, design decision 14), told to writable_changed().
         self._window = SocketWindow(self.writable_changed)
         self._writer: asyncio.Task[None] | None = None
         self._close_code: int | None = None

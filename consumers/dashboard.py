@@ -21,9 +21,9 @@ from channels.db import database_sync_to_async
 
 from consumers.base import GatewaySocket
 from dashboard.live import INTERVAL, Exchange, alerts
-from dashboard.operations import audit
-from gateway.errors import Forbidden, NotFound, ProtocolError
-from gateway.protocol import ClientFrame, DisconnectFrame, encode
+from gateway.core.errors import Forbidden, NotFound, ProtocolError
+from gateway.core.protocol import ClientFrame, DisconnectFrame, encode
+from gateway.host.operations import audit
 
 __all__ = ["DashboardSocket"]
 

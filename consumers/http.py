@@ -17,9 +17,9 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
 from consumers.limits import RateLimited, limit_key
-from gateway.auth import aprincipal_for_user, principal_for_token, token_from_headers
+from gateway.access.auth import aprincipal_for_user, principal_for_token, token_from_headers
 from gateway.conf import gateway_settings
-from gateway.errors import (
+from gateway.core.errors import (
     BadFrame,
     Forbidden,
     Invalid,
@@ -28,16 +28,16 @@ from gateway.errors import (
     TooLarge,
     Unauthorized,
 )
-from gateway.protocol import (
+from gateway.core.protocol import (
     MAX_BATCH,
     EnqueueSpec,
     check_name,
     decode_object,
     parse_enqueue_spec,
 )
+from gateway.core.scopes import Principal
 from gateway.runtime import current_runtime
-from gateway.scopes import Principal
-from gateway.server_limits import max_request_bytes
+from gateway.server.limits import max_request_bytes
 from gateway.store import (
     AbortTxn,
     AllStats,
@@ -54,7 +54,7 @@ from gateway.store import (
     Stats,
 )
 from gateway.store.ops import BrowseState
-from gateway.topic_settings import load_topic_settings, save_topic_settings
+from gateway.topics.settings import load_topic_settings, save_topic_settings
 
 __all__ = [
     "healthz",
@@ -188,7 +188,7 @@ async def _audit(principal: Principal, queue: str, message: str) -> None:
         return
     from channels.db import database_sync_to_async
 
-    from dashboard.operations import audit
+    from gateway.host.operations import audit
     from gateway.models import Queue
 
     def record() -> None:
@@ -202,7 +202,7 @@ async def _audit_topic(principal: Principal, topic: str, message: str) -> None:
     """A staff user's change to a topic goes to Django's admin log."""
     if principal.user_id is None:
         return
-    from dashboard.operations import audit
+    from gateway.host.operations import audit
     from gateway.models import Topic
 
     def record() -> None:

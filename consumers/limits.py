@@ -1,6 +1,6 @@
-"""The per-token limits of this gateway process (``gateway.ratelimit``), for sockets and the API.
+"""The per-token limits of this process (``gateway.core.ratelimit``), for sockets and the API.
 
-One :class:`~gateway.ratelimit.TokenLimiter` per process, keyed by the
+One :class:`~gateway.core.ratelimit.TokenLimiter` per process, keyed by the
 caller: a token, or a staff user. Sockets over ``GATEWAY_TOKEN_MAX_SOCKETS``
 are accepted, told ``backpressure`` in one error frame and closed with 4429;
 frames over ``GATEWAY_TOKEN_RATE`` are answered ``backpressure`` (with
@@ -14,10 +14,10 @@ import math
 from collections.abc import Hashable
 from typing import Any
 
-from gateway.errors import Backpressure
-from gateway.protocol import AckFrame, AckManyFrame, ClientFrame, CreditFrame, EnqueueManyFrame
-from gateway.ratelimit import Decision
-from gateway.scopes import Principal
+from gateway.core.errors import Backpressure
+from gateway.core.protocol import AckFrame, AckManyFrame, ClientFrame, CreditFrame, EnqueueManyFrame
+from gateway.core.ratelimit import Decision
+from gateway.core.scopes import Principal
 
 __all__ = [
     "CLOSE_TOO_MANY_SOCKETS",

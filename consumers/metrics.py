@@ -12,16 +12,16 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from consumers.http import _charge, _principal, error_response
-from gateway import metrics as gateway_metrics
 from gateway.conf import gateway_settings
-from gateway.errors import Forbidden, ProtocolError
+from gateway.core.errors import Forbidden, ProtocolError
+from gateway.runtime import metrics as gateway_metrics
 
 __all__ = ["metrics"]
 
 
 @csrf_exempt
 async def metrics(request: HttpRequest) -> HttpResponse:
-    """The deployment's metrics (see ``gateway.metrics``)."""
+    """The deployment's metrics (see ``gateway.runtime.metrics``)."""
     try:
         if not gateway_settings().metrics_public:
             # Who first, as every API endpoint: 401 before 405.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, assert_never
 
 from consumers.base import GatewaySocket
-from gateway.protocol import (
+from gateway.core.protocol import (
     AckFrame,
     AckManyFrame,
     ClientFrame,

@@ -12,10 +12,9 @@ from __future__ import annotations
 from typing import Any, assert_never
 
 from consumers.base import GatewaySocket, int_param
-from gateway.broadcast import CLOSE_SLOW_CONSUMER, CLOSE_STREAM_RESTARTED, Broadcaster, Start
-from gateway.errors import Invalid
-from gateway.fanout import Policy, Subscription
-from gateway.protocol import (
+from gateway.core.errors import Invalid
+from gateway.core.fanout import Policy, Subscription
+from gateway.core.protocol import (
     AckFrame,
     AckManyFrame,
     ClientFrame,
@@ -29,6 +28,7 @@ from gateway.protocol import (
     RejectFrame,
     check_name,
 )
+from gateway.topics.broadcast import CLOSE_SLOW_CONSUMER, CLOSE_STREAM_RESTARTED, Broadcaster, Start
 
 __all__ = ["SubscriberSocket"]
 

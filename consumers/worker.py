@@ -13,9 +13,9 @@ import time
 from typing import Any, assert_never
 
 from consumers.base import GatewaySocket, int_param
-from gateway.errors import Invalid, ProtocolError, StaleReceipt
-from gateway.leases import MAX_TIMEOUT, WorkerLeases
-from gateway.protocol import (
+from gateway.core.errors import Invalid, ProtocolError, StaleReceipt
+from gateway.core.leases import MAX_TIMEOUT, WorkerLeases
+from gateway.core.protocol import (
     ACKED,
     AckFrame,
     AckManyFrame,
@@ -33,7 +33,7 @@ from gateway.protocol import (
     encode_deliver,
     encode_deliveries,
 )
-from gateway.pump import QueuePump
+from gateway.engine.pump import QueuePump
 from gateway.store import Ack, AckResult, Delivered, Extend, Nack, Reject, Release, Result
 
 __all__ = ["WorkerSocket"]
@@ -85,7 +85,7 @@ class WorkerSocket(GatewaySocket):
             # Released at once, not after their timeout (protocol: Work queue).
             self.engine.submit(Release(self.queue, held), _ignore)
 
-    # -- the pump's side (gateway.pump.WorkerSink)
+    # -- the pump's side (gateway.engine.pump.WorkerSink)
 
     @property
     def demand(self) -> int:

@@ -18,12 +18,12 @@ from django.utils import timezone
 from django.utils.cache import patch_cache_control
 from django.utils.html import format_html, format_html_join
 
-from dashboard import operations
-from gateway.errors import Invalid, ProtocolError
-from gateway.history import DEFAULT_TOPIC_SETTINGS
-from gateway.leases import DEFAULT_QUEUE_SETTINGS, StoredState, observed_state
+from gateway.core.errors import Invalid, ProtocolError
+from gateway.core.history import DEFAULT_TOPIC_SETTINGS
+from gateway.core.leases import DEFAULT_QUEUE_SETTINGS, StoredState, observed_state
+from gateway.core.scopes import parse_scope
+from gateway.host import operations
 from gateway.models import Message, Queue, TaskRecord, Token, Topic, hash_token
-from gateway.scopes import parse_scope
 
 # ModelAdmin[Queue] and ModelForm[Token] are subscripted at run time: in a host
 # project that never called this in its settings, they would fail to import.

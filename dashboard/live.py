@@ -23,12 +23,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.broadcast import Broadcaster
 from gateway.conf import gateway_settings
 from gateway.engine import Engine
-from gateway.layer import ProcessChannel
-from gateway.metrics import local_queue_counters
+from gateway.runtime.layer import ProcessChannel
+from gateway.runtime.metrics import local_queue_counters
 from gateway.store import AllStats
+from gateway.topics.broadcast import Broadcaster
 
 __all__ = [
     "BUCKET",
@@ -259,7 +259,7 @@ def process_snapshot(engine: Engine, broadcaster: Broadcaster) -> dict[str, Any]
         "slow_consumers_closed": broadcaster.slow_consumers_closed,
         "relay": broadcaster.relay_figures(),
         # What this process's store transactions counted, whichever path
-        # enqueued (staged commits and operators' requeues too): gateway.metrics.
+        # enqueued (staged commits and operators' requeues too): gateway.runtime.metrics.
         "counters": local_queue_counters(),
         "topics": broadcaster.describe_topics(),
         "sockets": [socket.describe() for socket in engine.sockets],

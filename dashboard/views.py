@@ -13,7 +13,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.csrf import ensure_csrf_cookie
 
-from gateway.auth import principal_for_user
+from gateway.access.auth import principal_for_user
 
 #: Defence in depth behind the page's own rule (every server value is inserted
 #: as text, never as HTML): no inline script, no event-handler attributes, no

@@ -1,4 +1,4 @@
-"""One typed view of the ``GATEWAY_*`` settings (see gateway/settings.py)."""
+"""One typed view of the ``GATEWAY_*`` settings (see gateway/site/settings.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 
 from django.conf import settings
 
-from gateway.leases import QueueSettings
-from gateway.protocol import Limits
-from gateway.ratelimit import RateLimits
+from gateway.core.leases import QueueSettings
+from gateway.core.protocol import Limits
+from gateway.core.ratelimit import RateLimits
 
 __all__ = ["GatewaySettings", "gateway_settings"]
 
@@ -40,7 +40,7 @@ class GatewaySettings:
     #: Python's settings alone
     gc_threshold: int = 10_000
     #: the Redis that several gateway processes share (topic offsets, history
-    #: and relay: gateway.streams); empty: one process, topics in memory
+    #: and relay: gateway.topics.streams); empty: one process, topics in memory
     redis_url: str = ""
     #: prefix of every Redis key Leasecast writes
     redis_prefix: str = "leasecast"
@@ -91,7 +91,7 @@ def gateway_settings() -> GatewaySettings:
 
     Every ``GATEWAY_*`` setting is optional: a Django project that adds
     Leasecast to ``INSTALLED_APPS`` gets the defaults here (the standalone
-    service's ``gateway/settings.py`` reads them from the environment).
+    service's ``gateway/site/settings.py`` reads them from the environment).
     """
     d = GatewaySettings()
     queue = d.default_queue
@@ -132,7 +132,7 @@ def gateway_settings() -> GatewaySettings:
         metrics_public=bool(_setting("GATEWAY_METRICS_PUBLIC", d.metrics_public)),
         task_result_retention=_setting("GATEWAY_TASK_RESULT_RETENTION", d.task_result_retention),
         # Also read from the environment here, so the standalone service takes it
-        # without a line in gateway/settings.py.
+        # without a line in gateway/site/settings.py.
         dashboard_oldest_alert=float(
             _setting(
                 "GATEWAY_DASHBOARD_OLDEST_ALERT",

@@ -17,7 +17,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from gateway.leases import (
+from gateway.core.leases import (
     DEAD_REASONS,
     DEFAULT_QUEUE_SETTINGS,
     OVERFLOW_POLICIES,
@@ -119,7 +119,7 @@ class Message(models.Model):
     """One message of a work queue. Acked messages are deleted.
 
     ``state`` and ``visible_at`` together give the protocol state; see the
-    table in ``gateway.leases``.
+    table in ``gateway.core.leases``.
     """
 
     queue = models.ForeignKey(Queue, on_delete=models.CASCADE, db_index=False)
@@ -319,7 +319,7 @@ class TaskRecord(models.Model):
 
 
 class QueueCounter(models.Model):
-    """A deployment-wide running total of one queue (``GET /metrics``, gateway.metrics).
+    """A deployment-wide running total of one queue (``GET /metrics``, gateway.runtime.metrics).
 
     The store adds to these in the same transaction that moves the messages
     (one statement per transaction), so they count every enqueue path once,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 
-from gateway.settings import *  # noqa: F403
-from gateway.settings import INSTALLED_APPS as _GATEWAY_APPS
+from gateway.site.settings import *  # noqa: F403
+from gateway.site.settings import INSTALLED_APPS as _GATEWAY_APPS
 
 if os.environ.get("BENCH_TASK_BACKEND", "leasecast") == "db":
     INSTALLED_APPS = [*_GATEWAY_APPS, "django_tasks_db"]

@@ -177,7 +177,7 @@ class _Sqlite(Dialect):
 
 
 class _SqliteThroughDjango(_Sqlite):
-    """SQLite through a Django connection's cursor (``gateway.store.on_django``).
+    """SQLite through a Django connection's cursor (``gateway.host.on_django``).
 
     Django's SQLite cursor takes ``%s`` placeholders and turns them into ``?``
     itself; with ``DEBUG`` on, its debug wrapper also renders each statement

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.errors import QueueFull
-from gateway.leases import StoredState
-from gateway.protocol import EnqueueSpec
-from gateway.store.leasing import dead_letter_ids, expire
+from gateway.core.errors import QueueFull
+from gateway.core.leases import StoredState
+from gateway.core.protocol import EnqueueSpec
+from gateway.store.expiry import dead_letter_ids, expire
 from gateway.store.ops import Enqueue, EnqueueResult
 from gateway.store.txn import QueueRow, Txn
 

@@ -1,4 +1,4 @@
-"""Leases and how they end: lease rounds, ack, nack, reject, extend, release, expiry.
+"""Leases and how they end: lease rounds, ack, nack, reject, extend, release.
 
 Leasing is one statement per round (design decision 2, ``Dialect.lease``). A
 receipt names one delivery (design decision 4): every statement that ends a
@@ -11,9 +11,16 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 
-from gateway.errors import StaleReceipt
-from gateway.leases import DeadReason, format_receipt, lease_outcome, parse_receipt, release_state
+from gateway.core.errors import StaleReceipt
+from gateway.core.leases import (
+    format_receipt,
+    lease_outcome,
+    parse_receipt,
+    release_state,
+)
 from gateway.store import tasks
+from gateway.store.enqueue import enqueue
+from gateway.store.expiry import dead_letter_ids, expire
 from gateway.store.ops import (
     Ack,
     AckResult,
@@ -25,14 +32,11 @@ from gateway.store.ops import (
     Nack,
     Release,
 )
-from gateway.store.txn import QueueRow, Txn
+from gateway.store.txn import Txn
 
 __all__ = [
     "ack",
     "ack_plain",
-    "dead_letter_ids",
-    "expire",
-    "expire_ids",
     "extend",
     "lease",
     "nack",
@@ -46,55 +50,6 @@ _STALE = "the receipt is not a current lease (acked, expired or redelivered)"
 _CURRENT = (
     "lease_token = %s AND state = 1 AND visible_at > %s AND (expires_at IS NULL OR expires_at > %s)"
 )
-
-
-_EXPIRE = (
-    "UPDATE leasecast_message SET state = 2, dead_reason = 'expired', lease_token = NULL, "
-    'expires_at = NULL WHERE {where} AND expires_at <= %s RETURNING queue_id, "group"'
-)
-
-
-def expire(txn: Txn, q: QueueRow) -> int:
-    """Dead-letter (reason ``expired``) every message of ``q`` whose ttl has run out.
-
-    Once per transaction and queue: the transaction's clock does not move.
-    """
-    if q.id in txn.swept:
-        return 0
-    txn.swept.add(q.id)
-    return _expire(txn, "queue_id = %s", [q.id])
-
-
-def expire_ids(txn: Txn, ids: Sequence[int]) -> int:
-    """:func:`expire` for these messages only (whatever their queue)."""
-    if not ids:
-        return 0
-    return _expire(txn, "id IN (" + ",".join(["%s"] * len(ids)) + ")", list(ids))
-
-
-def _expire(txn: Txn, where: str, params: list[object]) -> int:
-    rows = txn.exec(_EXPIRE.format(where=where), (*params, txn.now)).fetchall()
-    for queue_id, group in rows:
-        txn.unsettle(queue_id, group)
-        txn.forget_length(queue_id)
-        txn.count(queue_id, "dead_lettered", label="expired")
-    return len(rows)
-
-
-def dead_letter_ids(txn: Txn, ids: Sequence[int], reason: DeadReason) -> None:
-    """Dead-letter these messages with ``reason`` (their leases become stale)."""
-    if not ids:
-        return
-    # A dead message has no ttl left: a requeue or redrive gives it a fresh start.
-    rows = txn.exec(
-        "UPDATE leasecast_message SET state = 2, dead_reason = %s, lease_token = NULL, "
-        "expires_at = NULL WHERE id IN (" + ",".join(["%s"] * len(ids)) + ") "
-        'RETURNING queue_id, "group"',
-        (reason, *ids),
-    ).fetchall()
-    for queue_id, group in rows:
-        txn.unsettle(queue_id, group)
-        txn.count(queue_id, "dead_lettered", label=reason)
 
 
 def lease(txn: Txn, op: Lease) -> LeaseResult:
@@ -182,7 +137,6 @@ def _end_lease(txn: Txn, receipt: str, set_sql: str, params: Sequence[object]) -
 
 def ack(txn: Txn, op: Ack) -> AckResult:
     """Delete a leased message and enqueue its follow-ups, all or nothing."""
-    from gateway.store.enqueue import enqueue
 
     if not op.follow_ups:
         return _ack_one(txn, op)

@@ -1,7 +1,7 @@
 """What operators see and do: stats, settings, browsing, purge, redrive, requeue, delete.
 
 These run through the store like every other op (HTTP API), and also on
-Django's own connection for the admin (``dashboard.operations``), so both
+Django's own connection for the admin (``gateway.host.operations``), so both
 apply the same rules, groups included.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gateway.errors import Invalid, NotFound
-from gateway.leases import StoredState, observed_state
-from gateway.store.leasing import expire, expire_ids
+from gateway.core.errors import Invalid, NotFound
+from gateway.core.leases import StoredState, observed_state
+from gateway.store.expiry import expire, expire_ids
 from gateway.store.ops import (
     BrowsedMessage,
     BrowsePage,
@@ -36,7 +36,7 @@ __all__ = [
 
 READY, LEASED, DEAD, DELAYED, WAITING = (int(s) for s in StoredState)
 
-#: Which stored rows are in each protocol state at time %s (see gateway.leases).
+#: Which stored rows are in each protocol state at time %s (see gateway.core.leases).
 _STATE_SQL: dict[str, str] = {
     "visible": "state <> 2 AND visible_at <= %s",
     "delayed": "state IN (3, 4) AND visible_at > %s",

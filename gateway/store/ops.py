@@ -1,7 +1,7 @@
 """The store's vocabulary: the operations it applies and the results it returns.
 
 Every operation is a dataclass (frozen, but for the hot few: see "Hot records"
-in ``gateway.protocol``) that names the type of its result (``Returns[T]``),
+in ``gateway.core.protocol``) that names the type of its result (``Returns[T]``),
 so ``await engine.call(Stats("q"))`` is typed as :class:`QueueStats` and a
 reader finds every op and every result here. A refused operation's result is
 instead the :class:`~gateway.errors.ProtocolError` that refused it (and then
@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
-from gateway.errors import ProtocolError
-from gateway.leases import QueueSettings
-from gateway.protocol import EnqueueSpec, TaskOutcome
+from gateway.core.errors import ProtocolError
+from gateway.core.leases import QueueSettings
+from gateway.core.protocol import EnqueueSpec, TaskOutcome
 
 __all__ = [
     "AbortTxn",
@@ -67,7 +67,7 @@ class Returns(Generic[T]):
 # -- results -------------------------------------------------------------------
 
 
-@dataclass(slots=True)  # a hot record, not frozen (gateway.protocol, "Hot records")
+@dataclass(slots=True)  # a hot record, not frozen (gateway.core.protocol, "Hot records")
 class EnqueueResult:
     """The id given to an enqueued message, or the existing id of a duplicate key."""
 
@@ -79,7 +79,7 @@ class EnqueueResult:
         return {"id": self.id, "duplicate": self.duplicate}
 
 
-@dataclass(slots=True)  # a hot record, not frozen (gateway.protocol, "Hot records")
+@dataclass(slots=True)  # a hot record, not frozen (gateway.core.protocol, "Hot records")
 class Delivered:
     """One leased message, ready to be sent as a ``deliver`` frame."""
 
@@ -210,7 +210,7 @@ class BrowsePage:
 # -- operations ------------------------------------------------------------------
 
 
-@dataclass(slots=True)  # a hot record, not frozen (gateway.protocol, "Hot records")
+@dataclass(slots=True)  # a hot record, not frozen (gateway.core.protocol, "Hot records")
 class Enqueue(Returns[list[EnqueueResult]]):
     """Enqueue messages to one queue, all or nothing."""
 
@@ -227,7 +227,7 @@ class Lease(Returns[LeaseResult]):
     visibility_timeout: float | None = None
 
 
-@dataclass(slots=True)  # a hot record, not frozen (gateway.protocol, "Hot records")
+@dataclass(slots=True)  # a hot record, not frozen (gateway.core.protocol, "Hot records")
 class Ack(Returns[AckResult]):
     """Delete a leased message, and enqueue ``follow_ups`` in the same transaction.
 

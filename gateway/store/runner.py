@@ -1,7 +1,7 @@
 """The store runner: applies batches of ops, one transaction per batch.
 
 A :class:`Store` owns one database connection and is used from one thread
-(the group-commit thread of ``gateway.committer``). :meth:`Store.run` applies a
+(the group-commit thread of ``gateway.engine.committer``). :meth:`Store.run` applies a
 batch of operations in one transaction, so a burst of enqueues, acks and lease
 rounds from many sockets costs one commit (design decision 3). Consecutive
 plain enqueues become one multi-row INSERT and consecutive plain acks one
@@ -30,9 +30,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, assert_never
 
-from gateway import metrics
-from gateway.errors import ProtocolError, Unavailable
-from gateway.leases import DEFAULT_QUEUE_SETTINGS, Clock, QueueSettings
+from gateway.core.errors import ProtocolError, Unavailable
+from gateway.core.leases import DEFAULT_QUEUE_SETTINGS, Clock, QueueSettings
+from gateway.runtime import metrics
 from gateway.store import enqueue as enqueueing
 from gateway.store import leasing, operator, staging, tasks
 from gateway.store.dialects import POSTGRESQL, Dialect
@@ -85,7 +85,7 @@ class Store:
         settings_ttl: seconds a queue's settings are cached before re-reading
             (so edits in the admin take effect without a restart).
         announce_as: on PostgreSQL, announce woken queues to the other gateway
-            processes with ``NOTIFY`` (see ``gateway.notify``), signed with
+            processes with ``NOTIFY`` (see ``gateway.engine.notify``), signed with
             this process name so its own listener can skip them.
     """
 

@@ -17,8 +17,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.errors import Forbidden, Invalid
-from gateway.protocol import EnqueueSpec
+from gateway.core.errors import Forbidden, Invalid
+from gateway.core.protocol import EnqueueSpec
 from gateway.store.dialects import POSTGRESQL
 from gateway.store.enqueue import enqueue
 from gateway.store.ops import AbortTxn, CommitTxn, Stage, TxnResult

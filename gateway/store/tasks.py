@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from gateway.protocol import TaskOutcome
+from gateway.core.protocol import TaskOutcome
 from gateway.store.txn import Txn
 
 __all__ = ["forget_results", "record"]

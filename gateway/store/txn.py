@@ -14,8 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.errors import NotFound, ProtocolError
-from gateway.leases import QueueSettings
+from gateway.core.errors import NotFound, ProtocolError
+from gateway.core.leases import QueueSettings
 from gateway.store.dialects import Dialect
 
 __all__ = ["QueueCache", "QueueRow", "SavepointLost", "Txn"]

@@ -4,7 +4,7 @@ The deployment of tests/cluster/deploy.py with Sentinel: the Redis master
 on host ``redis``, a replica of it on ``redis2``, a Sentinel on each of
 those and on ``redis3``, and both gateways on
 ``REDIS_URL=redis+sentinel://SENTINELS/leasecast/0``, so they ask the
-Sentinels where the master is (gateway.redis_url).
+Sentinels where the master is (gateway.topics.redis_url).
 
 Replication is asynchronous, so a promoted replica can lack the last
 publishes the old master confirmed. The test makes sure it does: the

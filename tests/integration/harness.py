@@ -27,7 +27,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from tests.databases import ROOT, manage, sqlite_database
 
 _refs = itertools.count(1)
-# daphne as `make run` starts it (gateway/serve.py).
+# daphne as `make run` starts it (gateway/server/serve.py).
 DAPHNE = (sys.executable, "-m", "gateway.serve")
 UVICORN = (
     sys.executable,

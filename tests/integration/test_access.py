@@ -1,6 +1,6 @@
 """Access control against live gateways (issue 6, item 5; docs/operations.md, Security).
 
-- Every HTTP route (walked from ``gateway.urls`` at test time, admin and
+- Every HTTP route (walked from ``gateway.site.urls`` at test time, admin and
   dashboard included) and every socket route (``consumers.routing``) refuses a
   caller without a token or a staff session; only ``/healthz`` and the login
   page answer.
@@ -309,7 +309,7 @@ def _sample_regex(regex: str) -> str:
 
 
 def http_routes() -> list[HttpRoute]:
-    """Every route of ``gateway.urls``, recursively, each with a path that reaches it."""
+    """Every route of ``gateway.site.urls``, recursively, each with a path that reaches it."""
     from django.urls import URLPattern, URLResolver, get_resolver, resolve
     from django.urls.resolvers import RegexPattern
 

@@ -10,7 +10,7 @@ The restart test keeps producers, workers, a publisher and ``block``
 subscribers busy while A, then B, is stopped with SIGTERM and started again,
 and counts: every enqueue that got ``enqueued`` is delivered and acked at
 least once, every client sees a close code it can act on (1001: daphne's
-drain in gateway/shutdown.py; under uvicorn, gateway.serve closes them with
+drain in gateway/server/shutdown.py; under uvicorn, gateway.serve closes them with
 1001 before uvicorn would with 1012) and reconnects through the balancer, and
 no ``block`` subscriber's socket ever skips a message.
 

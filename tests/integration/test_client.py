@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from leasecast import EnqueueResult, Producer, Subscriber, Worker
 
-from gateway.errors import Forbidden, ProtocolError, StaleReceipt, Unauthorized
+from gateway.core.errors import Forbidden, ProtocolError, StaleReceipt, Unauthorized
 from tests.databases import ROOT
 from tests.integration.harness import GatewayProcess, Socket, ahttp, unique
 
@@ -357,7 +357,7 @@ def signed_gateway(database_env: tuple[dict[str, str], Path]) -> Iterator[Gatewa
 async def test_a_signed_token_is_refreshed_and_a_lapsed_one_reconnects(
     signed_gateway: GatewayProcess,
 ) -> None:
-    from gateway.tokens import signed_token
+    from gateway.access.tokens import signed_token
 
     q = unique("signed")
     minted: list[str] = []

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gateway.demo import spark_missing
+from gateway.site.demo import spark_missing
 from tests.databases import ROOT, base_env, manage
 from tests.integration.harness import free_port, http
 

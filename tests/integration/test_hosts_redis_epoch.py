@@ -2,7 +2,7 @@
 
 After a failover, the promoted replica holds each topic's hash as the old
 master last sent it, possibly without its last publishes, and with the old
-master's replication id in ``m`` (gateway.streams). These tests put a hash in
+master's replication id in ``m`` (gateway.topics.streams). These tests put a hash in
 that state on the machine's Redis (no namespaces, no Sentinel: they run
 wherever Redis does; tests/cluster/test_redis_failover.py does the real
 failover on separate hosts) and check what two gateway processes do with it.

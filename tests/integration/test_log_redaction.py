@@ -19,7 +19,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from gateway.tokens import signed_token
+from gateway.access.tokens import signed_token
 from tests.databases import sqlite_database
 from tests.integration.harness import SERVERS, GatewayProcess, unique
 

@@ -232,11 +232,11 @@ async def test_operator_requeue_and_redrive_over_http(
 async def test_admin_requeue_on_djangos_connection(
     gateway: GatewayProcess, admin_token: str
 ) -> None:
-    """The admin's actions (dashboard.operations) run on Django's own connection."""
+    """The admin's actions (gateway.host.operations) run on Django's own connection."""
     q = unique("mx-admin")
     ids = await _dead_letters(gateway, admin_token, q, 2)
     code = (
-        "from dashboard import operations; from gateway.models import Message, Queue; "
+        "from gateway.host import operations; from gateway.models import Message, Queue; "
         f"print(operations.requeue(Message.objects.filter(id={int(ids[0])}))); "
         f"print(operations.redrive(Queue.objects.get(name={q!r})))"
     )
@@ -378,7 +378,7 @@ async def test_topic_drops_by_policy(gateway: GatewayProcess, admin_token: str) 
             await request_ok(p, {"op": "publish", "topic": topic, "body": i}, "published")
         samples = await scrape(gateway, admin_token)
     if value(samples, "leasecast_topic_published_total", topic=topic) == 0:
-        pytest.skip("the broadcaster does not report to gateway.metrics yet (topic_published)")
+        pytest.skip("the broadcaster does not report to gateway.runtime.metrics (topic_published)")
     assert value(samples, "leasecast_topic_published_total", topic=topic) == 10
     assert value(samples, "leasecast_topic_dropped_total", topic=topic, policy="drop_newest") == 8
     assert value(samples, "leasecast_topic_delivered_total", topic=topic) == 0  # no credit
@@ -571,7 +571,7 @@ async def test_two_processes_topic_counters(
     except pytest.fail.Exception:
         if published == {"published": 0, "delivered": 0}:
             pytest.skip(
-                "the broadcaster does not report to gateway.metrics yet "
+                "the broadcaster does not report to gateway.runtime.metrics yet "
                 "(topic_published / topic_delivered calls not wired)"
             )
         raise

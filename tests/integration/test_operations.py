@@ -21,11 +21,11 @@ from django.contrib.admin.models import DELETION
 from django.core.management import call_command
 from django.db import connection
 
-from dashboard import operations
-from gateway.errors import StaleReceipt
-from gateway.leases import StoredState
+from gateway.core.errors import StaleReceipt
+from gateway.core.leases import StoredState
+from gateway.core.protocol import EnqueueSpec
+from gateway.host import operations
 from gateway.models import Message, Queue
-from gateway.protocol import EnqueueSpec
 from gateway.store import SQLITE, Ack, AckResult, Enqueue, Lease, Nack, Stats, Store
 from tests.integration.harness import GatewayProcess, Socket, ahttp, unique
 

@@ -37,7 +37,7 @@ import pytest
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 import gateway as leasecast
-from gateway.errors import Backpressure, BadFrame, Invalid, QueueFull, TooLarge
+from gateway.core.errors import Backpressure, BadFrame, Invalid, QueueFull, TooLarge
 from gateway.models import Message, Token
 from gateway.store import on_django
 from tests.databases import ROOT, sqlite_database
@@ -610,8 +610,8 @@ except ImportError:  # Django 5.2 with the django-tasks package
 from django.core.exceptions import ImproperlyConfigured  # noqa: E402
 from django.test import override_settings  # noqa: E402
 
+from gateway.host.tasks import InvalidTaskError, TaskResultDoesNotExist  # noqa: E402
 from gateway.models import TaskRecord  # noqa: E402
-from gateway.tasks import InvalidTaskError, TaskResultDoesNotExist  # noqa: E402
 
 
 @task()
@@ -641,7 +641,7 @@ GET_RESULT_PROGRAM = r"""
 import json, sys
 import django
 django.setup()
-from gateway.tasks import LeasecastBackend
+from gateway.host.tasks import LeasecastBackend
 result = LeasecastBackend("lc", {"QUEUES": []}).get_result(sys.argv[1])
 print(json.dumps({
     "status": str(result.status),

@@ -34,7 +34,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from gateway.tokens import signed_token
+from gateway.access.tokens import signed_token
 from tests.databases import ROOT, sqlite_database
 from tests.integration.harness import GatewayProcess, Socket, ahttp, http, unique
 

@@ -25,7 +25,7 @@ from leasecast.link import Link
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from gateway.tokens import signed_token
+from gateway.access.tokens import signed_token
 from tests.databases import sqlite_database
 from tests.integration.harness import GatewayProcess, both_servers, unique
 

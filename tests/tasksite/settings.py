@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from gateway.settings import *  # noqa: F403
-from gateway.settings import INSTALLED_APPS
+from gateway.site.settings import *  # noqa: F403
+from gateway.site.settings import INSTALLED_APPS
 
 # An app, so that its ``tasks`` module is in the workers' registry (the
 # worker runs only the tasks of the installed apps' ``tasks`` modules and of

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.leases import QueueSettings
+from gateway.core.leases import QueueSettings
 from gateway.store import POSTGRESQL, SQLITE, Store
 from tests.databases import postgres_database, postgres_unavailable, sqlite_database
 from tests.unit.test_leases import FakeClock

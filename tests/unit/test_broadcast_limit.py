@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gateway.broadcast import Broadcaster, Published
-from gateway.history import TopicSettings
-from gateway.topic_settings import TopicSettingsCache
+from gateway.core.history import TopicSettings
+from gateway.topics.broadcast import Broadcaster, Published
+from gateway.topics.settings import TopicSettingsCache
 
 
 async def publish(broadcaster: Broadcaster, topic: str) -> Published:

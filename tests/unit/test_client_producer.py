@@ -8,7 +8,7 @@ import pytest
 from leasecast import EnqueueResult, Producer, PublishResult
 from leasecast.producer import CHUNK
 
-from gateway.errors import BadFrame, ConnectionClosed, Forbidden, Invalid, Unauthorized
+from gateway.core.errors import BadFrame, ConnectionClosed, Forbidden, Invalid, Unauthorized
 from tests.unit.test_client_worker import TOKEN, FakeGateway
 
 

@@ -18,7 +18,7 @@ from leasecast.link import (
     ws_url,
 )
 
-from gateway.errors import ConnectionClosed, Forbidden, Invalid, Unauthorized, Unavailable
+from gateway.core.errors import ConnectionClosed, Forbidden, Invalid, Unauthorized, Unavailable
 
 
 def test_urls_from_any_base() -> None:
@@ -117,10 +117,10 @@ def test_the_client_imports_without_django() -> None:
 
 
 def test_the_clis_limits_are_the_gateways() -> None:
-    # The client cannot import gateway.protocol; its copies must not drift.
+    # The client cannot import gateway.core.protocol; its copies must not drift.
     from leasecast import cli
 
-    from gateway import protocol
+    from gateway.core import protocol
 
     assert cli.MAX_GROUP_LENGTH == protocol.MAX_GROUP_LENGTH
     assert cli.MAX_PRIORITY == protocol.MAX_PRIORITY
@@ -131,7 +131,7 @@ def test_gateway_errors_are_the_clients_classes() -> None:
     # One error tree: what the gateway raises is what a client catches.
     import leasecast.errors
 
-    import gateway.errors
+    import gateway.core.errors
 
     for name in leasecast.errors.__all__:
-        assert getattr(gateway.errors, name) is getattr(leasecast.errors, name)
+        assert getattr(gateway.core.errors, name) is getattr(leasecast.errors, name)

@@ -24,7 +24,7 @@ from leasecast import Message, Subscribed, Subscriber
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed as WsConnectionClosed
 
-from gateway.errors import ConnectionClosed, Forbidden, Unauthorized
+from gateway.core.errors import ConnectionClosed, Forbidden, Unauthorized
 from tests.unit.test_client_worker import TOKEN, FakeGateway
 
 

@@ -27,7 +27,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed as WsConnectionClosed
 from websockets.http11 import Request, Response
 
-from gateway.errors import (
+from gateway.core.errors import (
     BadFrame,
     ConnectionClosed,
     Forbidden,
@@ -316,7 +316,7 @@ class FakeGateway:
 
     @staticmethod
     def _validate(message: dict[str, Any]) -> None:
-        """A message's fields, checked as gateway/protocol.py does (the client does not)."""
+        """A message's fields, checked as gateway/core/protocol.py does (the client does not)."""
         if message.get("delay", 0) < 0:
             raise Invalid("delay must be >= 0")
         group, priority, ttl = message.get("group"), message.get("priority", 0), message.get("ttl")

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from gateway.committer import Committer
-from gateway.errors import Backpressure, StaleReceipt
-from gateway.protocol import EnqueueSpec
+from gateway.core.errors import Backpressure, StaleReceipt
+from gateway.core.protocol import EnqueueSpec
+from gateway.engine.committer import Committer
 from gateway.store import SQLITE, Ack, Enqueue, Op, Result, Store
 from tests.databases import sqlite_database
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.database_url import parse_database_url
+from gateway.site.database_url import parse_database_url
 
 
 def test_a_multi_host_url_keeps_every_host_and_port_in_order() -> None:

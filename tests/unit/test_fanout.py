@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.fanout import Dispatcher, Offer, Policy, RateMeter, Subscription
+from gateway.core.fanout import Dispatcher, Offer, Policy, RateMeter, Subscription
 from tests.unit.test_leases import FakeClock
 
 

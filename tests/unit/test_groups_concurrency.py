@@ -25,7 +25,7 @@ from typing import Any, Literal
 import orjson
 import pytest
 
-from gateway.protocol import EnqueueSpec
+from gateway.core.protocol import EnqueueSpec
 from gateway.store import (
     POSTGRESQL,
     Ack,

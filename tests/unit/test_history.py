@@ -1,11 +1,11 @@
-"""The topic history and resume rules (gateway.history), with exact times."""
+"""The topic history and resume rules (gateway.core.history), with exact times."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.errors import BadFrame, Invalid
-from gateway.history import (
+from gateway.core.errors import BadFrame, Invalid
+from gateway.core.history import (
     DEFAULT_TOPIC_SETTINGS,
     Entry,
     Head,

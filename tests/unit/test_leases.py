@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.leases import (
+from gateway.core.leases import (
     LeaseScheduler,
     MessageState,
     StoredState,

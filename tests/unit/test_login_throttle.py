@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway import login_throttle
-from gateway.login_throttle import LoginThrottle
+from gateway.access import login_throttle
+from gateway.access.login_throttle import LoginThrottle
 
 
 class Clock:

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway import metrics
-from gateway.errors import QueueFull, StaleReceipt
+from gateway.core.errors import QueueFull, StaleReceipt
+from gateway.runtime import metrics
 from gateway.store import (
     Ack,
     CommitTxn,
@@ -164,7 +164,7 @@ def test_requeue_and_redrive_count_as_enqueues(store: Store, queue: str) -> None
 
 
 def test_a_failed_batch_counts_what_its_retries_commit(store: Store, queue: str) -> None:
-    from gateway.protocol import EnqueueSpec
+    from gateway.core.protocol import EnqueueSpec
 
     bad = Enqueue(queue, [EnqueueSpec(b"\xff\xfe", None, 0.0)])  # not UTF-8: the insert fails
     # The batch rolls back (its counts with it), then each op runs alone.
@@ -343,8 +343,8 @@ def test_a_failed_flush_keeps_the_counts(redis_client: Any) -> None:
 
 
 def test_the_bare_metrics_scope_allows_metrics_only() -> None:
-    from gateway.errors import Invalid
-    from gateway.scopes import Principal, parse_scope
+    from gateway.core.errors import Invalid
+    from gateway.core.scopes import Principal, parse_scope
 
     scraper = Principal.from_scopes("scraper", ["metrics"])
     assert scraper.allows("metrics")
@@ -356,7 +356,7 @@ def test_the_bare_metrics_scope_allows_metrics_only() -> None:
 
 
 def test_counters_for_topics_past_the_limit_go_to_other() -> None:
-    from gateway.metrics import OTHER_TOPICS, Registry
+    from gateway.runtime.metrics import OTHER_TOPICS, Registry
 
     registry = Registry("p", max_topics=2)
     for topic in ("a", "b", "c", "d", "a"):

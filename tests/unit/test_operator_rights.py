@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.errors import Forbidden
-from gateway.scopes import OPERATOR_RIGHTS, Principal, operator_principal
+from gateway.core.errors import Forbidden
+from gateway.core.scopes import OPERATOR_RIGHTS, Principal, operator_principal
 
 
 def test_an_admin_token_has_every_operator_right_and_other_tokens_none() -> None:

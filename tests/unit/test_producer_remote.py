@@ -1,4 +1,4 @@
-"""``gateway.producer``'s remote mode against a scripted HTTP server (not a gateway).
+"""``gateway.host.producer``'s remote mode against a scripted HTTP server (not a gateway).
 
 The real gateway is in tests/integration/test_producer.py; here the server
 answers what a proxy or a wrong ``LEASECAST_URL`` would: HTML error pages,
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from gateway import producer
-from gateway.errors import Backpressure, NotFound, ProtocolError, Unavailable
-from gateway.protocol import EnqueueSpec
+from gateway.core.errors import Backpressure, NotFound, ProtocolError, Unavailable
+from gateway.core.protocol import EnqueueSpec
+from gateway.host import producer
 
 #: (status, content type, body) answered to each request in turn; the last repeats.
 Script = list[tuple[int, str, bytes]]

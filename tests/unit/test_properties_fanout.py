@@ -1,10 +1,10 @@
-"""Property tests of the broadcast dispatcher core (``gateway.fanout``).
+"""Property tests of the broadcast dispatcher core (``gateway.core.fanout``).
 
 A hypothesis state machine drives one :class:`Dispatcher` with random
 subscribes, unsubscribes, publishes, relay losses, credit grants, drains and
 clock moves, and keeps its own model of what each subscriber was offered. A
 ``block`` publish that meets a full buffer is handled the way
-``gateway.broadcast`` handles it: the publish waits (later publishes to the
+``gateway.topics.broadcast`` handles it: the publish waits (later publishes to the
 topic queue behind it), is offered again, and the subscribers still full are
 disconnected. After every step, for every subscriber:
 
@@ -35,7 +35,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from gateway.fanout import MAX_CREDIT, Dispatcher, Policy, RateMeter, Subscription
+from gateway.core.fanout import MAX_CREDIT, Dispatcher, Policy, RateMeter, Subscription
 from tests.unit.test_leases import FakeClock
 
 TOPICS = ("a", "b")

@@ -64,8 +64,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from gateway.errors import NotFound, QueueFull, StaleReceipt
-from gateway.leases import (
+from gateway.core.errors import NotFound, QueueFull, StaleReceipt
+from gateway.core.leases import (
     DEAD_REASONS,
     OVERFLOW_POLICIES,
     MessageState,
@@ -75,7 +75,7 @@ from gateway.leases import (
     observed_state,
     parse_receipt,
 )
-from gateway.protocol import EnqueueSpec
+from gateway.core.protocol import EnqueueSpec
 from gateway.store import (
     POSTGRESQL,
     SQLITE,

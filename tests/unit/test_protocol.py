@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gateway.errors import ProtocolError
-from gateway.protocol import (
+from gateway.core.errors import ProtocolError
+from gateway.core.protocol import (
     AckFrame,
     EnqueueFrame,
     ExtendFrame,

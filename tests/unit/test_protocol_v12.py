@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.errors import BadFrame, Invalid
-from gateway.protocol import (
+from gateway.core.errors import BadFrame, Invalid
+from gateway.core.protocol import (
     AckFrame,
     EnqueueFrame,
     Limits,
@@ -76,7 +76,7 @@ def test_a_missing_body_is_still_bad_frame() -> None:
 
 
 def test_the_in_process_enqueue_refuses_unknown_fields_too() -> None:
-    from gateway.producer import enqueue_many
+    from gateway.host.producer import enqueue_many
 
     with pytest.raises(Invalid, match="'dealy'"):
         enqueue_many("q", [{"body": 1, "dealy": 5}])

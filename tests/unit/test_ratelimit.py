@@ -1,10 +1,10 @@
-"""The per-token limits, driven by a fake clock (gateway.ratelimit)."""
+"""The per-token limits, driven by a fake clock (gateway.core.ratelimit)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.ratelimit import ADMITTED, Decision, RateLimits, TokenBucket, TokenLimiter
+from gateway.core.ratelimit import ADMITTED, Decision, RateLimits, TokenBucket, TokenLimiter
 from tests.unit.test_leases import FakeClock
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from gateway.redact import redact, redact_record
-from gateway.tokens import signed_token
+from gateway.access.tokens import signed_token
+from gateway.server.redact import redact, redact_record
 
 STORED = "lc_aeGI_myjqdQRM_o573WnK7UtbMQvpyitzrg-qYaGqN4"
 

@@ -7,7 +7,7 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio.sentinel import SentinelConnectionPool
 
-from gateway.redis_url import (
+from gateway.topics.redis_url import (
     SentinelTarget,
     async_client,
     layer_host,

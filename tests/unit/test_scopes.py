@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.errors import Forbidden, Invalid
-from gateway.scopes import Glob, Principal, parse_scope
+from gateway.core.errors import Forbidden, Invalid
+from gateway.core.scopes import Glob, Principal, parse_scope
 
 
 def test_glob_matches_any_run_and_nothing_else() -> None:

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from gateway.serve import daphne_args, shutdown_grace, split_server, uvicorn_args
+from gateway.server.options import shutdown_grace
+from gateway.server.serve import daphne_args, split_server, uvicorn_args
 
 
 def option(args: list[str], name: str) -> str:
@@ -81,7 +82,7 @@ def test_shutdown_grace_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_pending_heads_are_capped_per_address() -> None:
-    from gateway.server_limits import PendingHeads
+    from gateway.server.limits import PendingHeads
 
     pending = PendingHeads(2)
     assert pending.acquire("10.0.0.1") and pending.acquire("10.0.0.1")
@@ -99,7 +100,7 @@ def test_pending_heads_are_capped_per_address() -> None:
 def test_server_limit_settings_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     import resource
 
-    from gateway.server_limits import (
+    from gateway.server.limits import (
         default_max_pending_per_address,
         head_timeout,
         max_pending_per_address,
@@ -131,7 +132,7 @@ def test_server_limit_settings_are_checked(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_the_default_per_address_cap_is_a_quarter_of_the_file_limit_within_bounds() -> None:
-    from gateway.server_limits import default_max_pending_per_address
+    from gateway.server.limits import default_max_pending_per_address
 
     # 1,024 files (a common soft limit): one address holds at most 256 of them
     # with unfinished heads; a raised limit lets a balancer's burst through.
@@ -144,7 +145,7 @@ def test_the_default_per_address_cap_is_a_quarter_of_the_file_limit_within_bound
 def test_serving_raises_the_soft_file_limit_to_the_hard_one() -> None:
     import resource
 
-    from gateway.server_limits import raise_file_limit
+    from gateway.server.limits import raise_file_limit
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     low = min(soft, 256)
@@ -157,7 +158,7 @@ def test_serving_raises_the_soft_file_limit_to_the_hard_one() -> None:
 
 
 async def test_body_limit_answers_413_once_a_streamed_body_passes_it() -> None:
-    from gateway.server_limits import BodyLimit
+    from gateway.server.limits import BodyLimit
 
     seen: list[str] = []
 

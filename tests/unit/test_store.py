@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import NotFound, ProtocolError, StaleReceipt, Unavailable
-from gateway.protocol import EnqueueSpec
+from gateway.core.errors import NotFound, ProtocolError, StaleReceipt, Unavailable
+from gateway.core.protocol import EnqueueSpec
 from gateway.store import (
     Ack,
     AckResult,

@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import StaleReceipt
-from gateway.protocol import EnqueueSpec, TaskOutcome
+from gateway.core.errors import StaleReceipt
+from gateway.core.protocol import EnqueueSpec, TaskOutcome
 from gateway.store import Ack, Enqueue, Lease, LeaseResult, Nack, Store
 from tests.unit.test_leases import FakeClock
 

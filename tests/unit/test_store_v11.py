@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import NotFound, QueueFull, StaleReceipt
-from gateway.protocol import EnqueueSpec
+from gateway.core.errors import NotFound, QueueFull, StaleReceipt
+from gateway.core.protocol import EnqueueSpec
 from gateway.store import (
     Ack,
     AckResult,
@@ -578,7 +578,7 @@ def test_browse_pages_every_state_in_order(
 
 
 def test_browse_changes_nothing_and_refuses_a_bad_limit(store: Store, queue: str) -> None:
-    from gateway.errors import Invalid
+    from gateway.core.errors import Invalid
 
     put(store, queue, msg("a"), msg("b"))
     walk(store, queue, "visible", 1)

@@ -9,8 +9,8 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import Forbidden, Invalid, ProtocolError, Unavailable
-from gateway.protocol import EnqueueSpec
+from gateway.core.errors import Forbidden, Invalid, ProtocolError, Unavailable
+from gateway.core.protocol import EnqueueSpec
 from gateway.store import (
     AbortTxn,
     CommitTxn,

@@ -22,8 +22,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from gateway.client import Delivery
-from gateway.errors import ProtocolError, StaleReceipt, TooLarge
-from gateway.task_worker import (
+from gateway.core.errors import ProtocolError, StaleReceipt, TooLarge
+from gateway.host.task_worker import (
     Ack,
     Attempt,
     Nack,

@@ -15,15 +15,15 @@ import time
 import jwt
 import pytest
 
-from gateway.errors import Invalid, Unauthorized
-from gateway.scopes import MAX_SCOPES, parse_scopes
-from gateway.tokens import (
+from gateway.access.tokens import (
     DEFAULT_MAX_TTL,
     is_signed_token,
     principal_for_claims,
     signed_token,
     verify_signed_token,
 )
+from gateway.core.errors import Invalid, Unauthorized
+from gateway.core.scopes import MAX_SCOPES, parse_scopes
 
 KEY = "unit-test-signing-key-" + "0123456789abcdef" * 3  # 70 bytes: long enough for HS512
 KEYB = KEY.encode()
@@ -234,7 +234,7 @@ def test_refusals_never_name_the_key() -> None:
         assert KEY not in detail and KEYB.decode() not in detail
 
 
-# -- scope lists (gateway.scopes.parse_scopes)
+# -- scope lists (gateway.core.scopes.parse_scopes)
 
 
 def test_parse_scopes_takes_a_list_of_valid_scopes() -> None:
@@ -270,7 +270,7 @@ class _Socket:
 async def test_revocation_watch_runs_only_while_it_watches_sockets() -> None:
     import asyncio
 
-    from gateway.auth import RevocationWatch
+    from gateway.access.auth import RevocationWatch
 
     watch = RevocationWatch()
     assert not watch.running()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.history import DEFAULT_TOPIC_SETTINGS, TopicSettings
-from gateway.topic_settings import TopicSettingsCache
+from gateway.core.history import DEFAULT_TOPIC_SETTINGS, TopicSettings
+from gateway.topics.settings import TopicSettingsCache
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""A socket's writability (gateway.transport): frames pending, and the transport's room."""
+"""A socket's writability (gateway.server.transport): frames pending, and the transport's room."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any, cast
 import pytest
 from twisted.internet.abstract import FileDescriptor
 
-from gateway.transport import (
+from gateway.server.transport import (
     TRANSPORT_EXTENSION,
     SocketWindow,
     TransportFlow,

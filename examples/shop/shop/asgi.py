@@ -20,7 +20,7 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 from django.urls import path  # noqa: E402
 from orders.consumers import OrderCountSocket  # noqa: E402
 
-from gateway.routing import websocket_urlpatterns  # noqa: E402
+from gateway.site.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

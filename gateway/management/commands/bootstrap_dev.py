@@ -19,7 +19,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from gateway.models import Token
 
-#: The labels of the credentials file's lines (gateway/demo.py and
+#: The labels of the credentials file's lines (gateway/site/demo.py and
 #: dashboard/screenshots.py read them back).
 LOGIN_LABEL = "admin login"
 TOKEN_LABEL = "admin token"

@@ -7,10 +7,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from gateway.conf import gateway_settings
-from gateway.errors import ProtocolError
-from gateway.leases import OVERFLOW_POLICIES, QueueSettings
+from gateway.core.errors import ProtocolError
+from gateway.core.leases import OVERFLOW_POLICIES, QueueSettings
+from gateway.core.protocol import check_name
 from gateway.models import Queue
-from gateway.protocol import check_name
 
 #: Command-line option (dest) for each stored setting.
 _OPTIONS = ("visibility_timeout", "max_deliveries", "dedup_window", "max_length", "overflow")

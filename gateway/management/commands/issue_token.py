@@ -6,9 +6,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from gateway.errors import Invalid
+from gateway.core.errors import Invalid
+from gateway.core.scopes import parse_scope
 from gateway.models import Token
-from gateway.scopes import parse_scope
 
 
 class Command(BaseCommand):

@@ -5,13 +5,13 @@
     python manage.py leasecast_worker [--queue Q ...] [--concurrency N]
         [--url URL] [--token TOKEN] [--grace SECONDS]
 
-A thin shell around :class:`gateway.task_worker.TaskWorker` (see there and
+A thin shell around :class:`gateway.host.task_worker.TaskWorker` (see there and
 docs/tasks.md, The worker). The gateway and the token come from the options,
 else ``LEASECAST_URL`` / ``LEASECAST_TOKEN`` in the Django settings or the
 environment. Without ``--queue`` it consumes every queue named in the
 ``QUEUES`` of the project's ``LeasecastBackend`` entries of ``TASKS``, else
 ``default``. It runs only the tasks of the installed apps' ``tasks`` modules
-and of the ``LEASECAST_TASK_MODULES`` setting (:class:`~gateway.task_worker.TaskRegistry`);
+and of the ``LEASECAST_TASK_MODULES`` setting (:class:`~gateway.host.task_worker.TaskRegistry`);
 one of those that cannot be imported stops it at start. SIGTERM or SIGINT
 stops it gracefully (exit 0).
 """
@@ -28,9 +28,9 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from gateway.errors import LeasecastError
-from gateway.protocol import NAME_RE
-from gateway.task_worker import DEFAULT_CONCURRENCY, DEFAULT_GRACE, TaskWorker, log
+from gateway.core.errors import LeasecastError
+from gateway.core.protocol import NAME_RE
+from gateway.host.task_worker import DEFAULT_CONCURRENCY, DEFAULT_GRACE, TaskWorker, log
 
 #: ``LEASECAST_URL`` when neither the option, the settings nor the environment set it.
 DEFAULT_URL = "http://127.0.0.1:8000"

@@ -3,7 +3,7 @@
 Revoking sets ``revoked_at`` (as the admin's "Revoke" action does): the
 tokens stay listed in the admin, refused everywhere. Each gateway process
 closes its sockets of a revoked token with 4401 and refuses its HTTP requests
-within 5 seconds (protocol 1.1: token lifetime; ``gateway.auth``).
+within 5 seconds (protocol 1.1: token lifetime; ``gateway.access.auth``).
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ __all__ = [
 
 # The protocol's limits (docs/protocol.md, Work queue 1.1), checked before
 # connecting so a typo is a usage error; tests/unit/test_client_pure.py checks
-# they equal the gateway's (gateway.protocol), which this package cannot import.
+# they equal the gateway's (gateway.core.protocol), which this package cannot import.
 MAX_GROUP_LENGTH = 200
 MAX_PRIORITY = 100
 MAX_TTL = 31_536_000.0

@@ -1,0 +1,292 @@
+"""The work-queue engine of one gateway process: the committer and the pumps.
+
+Consumers and HTTP views talk to the engine only. It submits operations to the
+group committer and, when a batch commits something that may make messages
+visible (an enqueue, a nack, a release), wakes those queues' pumps, so waiting
+workers are fed without polling. On PostgreSQL the same wake-ups reach the
+other gateway processes through ``NOTIFY`` (``gateway.engine.notify``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import os
+import socket
+import sqlite3
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar, cast
+
+from django.db import connections
+
+from gateway.conf import gateway_settings
+from gateway.core.errors import Backpressure, ProtocolError, QueueFull
+from gateway.engine.committer import Callback, Committer
+from gateway.engine.pump import QueuePump, WorkerSink
+from gateway.store import (
+    POSTGRESQL,
+    SQLITE,
+    Ack,
+    CommitTxn,
+    Enqueue,
+    EnqueueResult,
+    Op,
+    Result,
+    Returns,
+    Store,
+)
+from gateway.store.dialects import check_sqlite
+
+__all__ = ["PROCESS_NAME", "Engine", "django_store"]
+
+T = TypeVar("T")
+
+
+COUNTERS = ("enqueued", "delivered", "redelivered", "acked", "dead_lettered")
+
+#: How often an enqueue blocked on a full ``block`` queue tries again, at
+#: most: room made by this process wakes it at once, room made by another
+#: process (or by expiry) is found by this poll.
+ROOM_POLL = 0.1
+#: The poll of one waiting enqueue doubles up to this, so many of them cost little.
+ROOM_POLL_MAX = 1.0
+
+#: Ops whose results are counted (and may wait for room) on landing; a tuple,
+#: which isinstance() checks faster than a union, once per op.
+_COUNTED_OPS = (Enqueue, Ack, CommitTxn)
+
+#: This process's name: host and pid (labels it in stats; signs its NOTIFYs).
+PROCESS_NAME = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def django_store() -> Store:
+    """A :class:`Store` on a connection of its own to Django's default database."""
+    conf = gateway_settings()
+    wrapper: Any = None
+
+    def connect() -> Any:
+        nonlocal wrapper
+        if wrapper is not None:
+            wrapper.close()
+        # A wrapper of our own, not the thread-local one: this connection
+        # belongs to the store thread alone, and Django's init (SQLite PRAGMAs,
+        # foreign keys) still runs.
+        wrapper = connections.create_connection("default")
+        wrapper.ensure_connection()
+        raw = wrapper.connection
+        if isinstance(raw, sqlite3.Connection):
+            check_sqlite(raw)
+            raw.isolation_level = None  # we issue BEGIN IMMEDIATE / COMMIT ourselves
+        else:
+            raw.autocommit = True
+        return raw
+
+    vendor = connections["default"].vendor
+    dialect = SQLITE if vendor == "sqlite" else POSTGRESQL
+    if vendor not in ("sqlite", "postgresql"):
+        raise RuntimeError(f"Leasecast supports SQLite and PostgreSQL, not {vendor}")
+    return Store(
+        connect,
+        dialect,
+        clock=time.time,
+        defaults=conf.default_queue,
+        settings_ttl=conf.queue_settings_ttl,
+        announce_as=PROCESS_NAME,
+    )
+
+
+class Engine:
+    """One process's work-queue engine.
+
+    Args:
+        committer: runs store operations.
+        block_wait: seconds an enqueue waits for room in a full ``block``
+            queue before it is refused with ``backpressure``.
+    """
+
+    def __init__(self, committer: Committer, *, block_wait: float = 10.0) -> None:
+        self.committer = committer
+        self.block_wait = block_wait
+        # Retries of enqueues waiting for room, per queue, oldest first.
+        self._room_waiters: dict[str, list[_RoomWaiter]] = {}
+        self.pumps: dict[str, QueuePump] = {}
+        #: every open socket of this process (each has ``describe()``)
+        self.sockets: set[Any] = set()
+        #: per-queue running totals since the process started (the dashboard's rates)
+        self.counters: dict[str, dict[str, int]] = {}
+        self.started_at = time.time()
+        self.process = PROCESS_NAME
+        self.listener: Any = None
+        self.local_listener: Any = None
+
+    def close(self) -> None:
+        """Stop the store thread and the wake-up listeners."""
+        if self.listener is not None:
+            self.listener.stop()
+        if self.local_listener is not None:
+            self.local_listener.cancel()
+        self.committer.close()
+
+    def describe(self) -> dict[str, Any]:
+        """This process's figures for ``/api/stats``."""
+        return {
+            "name": self.process,
+            "started_at": self.started_at,
+            "store_batches": self.committer.batches,
+            "store_ops": self.committer.ops,
+            "store_backlog": self.committer.backlog,
+            "store_refused": self.committer.refused,
+        }
+
+    # -- operations
+
+    def submit(self, op: Op, callback: Callback) -> None:
+        """Submit ``op``; ``callback`` gets its result on the loop after the commit.
+
+        An op that enqueues into a full ``block`` queue is tried again as room
+        appears, for up to ``block_wait`` seconds, then answered
+        ``backpressure`` (protocol 1.1: bounded queues).
+        """
+        if not isinstance(op, _COUNTED_OPS) or (type(op) is Ack and not op.follow_ups):
+            # Nothing to count on landing, and no room to wait for (a plain
+            # ack is most of a worker's traffic): the result goes straight back.
+            self.committer.submit(op, callback)
+        else:
+            self.committer.submit(op, lambda result: self._landed(op, result, callback, None))
+
+    def _landed(
+        self,
+        op: Enqueue | Ack | CommitTxn,
+        result: Result,
+        callback: Callback,
+        deadline: float | None,
+        poll: float = ROOM_POLL,
+    ) -> None:
+        if not isinstance(result, ProtocolError):
+            if isinstance(op, Enqueue):
+                enqueued = cast(list[EnqueueResult], result)
+                self.count(op.queue, "enqueued", sum(1 for r in enqueued if not r.duplicate))
+            elif isinstance(op, Ack):
+                for queue, _ in op.follow_ups:
+                    self.count(queue, "enqueued")
+        elif isinstance(result, QueueFull) and result.may_wait:
+            now = time.monotonic()
+            deadline = now + self.block_wait if deadline is None else deadline
+            if now < deadline:
+                first = deadline - self.block_wait  # when it was first refused: its place
+                again = min(poll * 2, ROOM_POLL_MAX)
+                self._wait_for_room(
+                    result.queue,
+                    lambda: self.committer.submit(
+                        op, lambda res: self._landed(op, res, callback, deadline, again)
+                    ),
+                    min(deadline - now, poll),
+                    first,
+                )
+                return
+            result = Backpressure(
+                f"queue {result.queue!r} stayed full for {self.block_wait:g} s (overflow block)"
+            )
+        callback(result)
+
+    def _wait_for_room(
+        self, queue: str, retry: Callable[[], None], wait: float, since: float
+    ) -> None:
+        """Run ``retry`` once: when this process makes room in ``queue``, or after
+        ``wait`` seconds. Waiters keep the order in which they were first refused."""
+        waiters = self._room_waiters.setdefault(queue, [])
+        waiter = _RoomWaiter(retry, waiters, since)
+        waiter.timer = asyncio.get_running_loop().call_later(wait, waiter.fire)
+        bisect.insort(waiters, waiter, key=lambda w: w.since)
+
+    def room_made(self, queue: str, n: int) -> None:
+        """``n`` messages left ``queue``'s counted states here: retry as many of the
+        enqueues waiting for room, the longest waiting first."""
+        waiters = self._room_waiters.get(queue)
+        if not waiters:
+            return
+        for waiter in waiters[:n]:
+            waiter.fire()
+        if not waiters:
+            del self._room_waiters[queue]
+
+    def count(self, queue: str, what: str, n: int = 1) -> None:
+        """Add to a queue's counters (enqueued, delivered, redelivered, acked, dead_lettered)."""
+        counters = self.counters.get(queue)
+        if counters is None:
+            counters = self.counters[queue] = dict.fromkeys(COUNTERS, 0)
+        counters[what] += n
+        if what == "delivered" and n and queue in self._room_waiters:
+            self.room_made(queue, n)
+
+    async def call(self, op: Returns[T]) -> T:
+        """:meth:`submit` ``op`` and wait for its result (raises its ProtocolError).
+
+        Through :meth:`submit`, so an HTTP enqueue into a full ``block`` queue
+        waits for room as a socket's does, and is counted the same way.
+        """
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+
+        def resolve(result: Result) -> None:
+            if not future.done():
+                future.set_result(result)
+
+        self.submit(op, resolve)  # type: ignore[arg-type]
+        result = await future
+        if isinstance(result, ProtocolError):
+            raise result
+        return result  # type: ignore[return-value]
+
+    # -- pumps
+
+    def pump(self, queue: str) -> QueuePump:
+        """The pump of ``queue``, made on first use."""
+        pump = self.pumps.get(queue)
+        if pump is None:
+            pump = self.pumps[queue] = QueuePump(queue, self.committer.submit, self.count)
+        return pump
+
+    def attach(self, queue: str, sink: WorkerSink) -> QueuePump:
+        """Feed ``sink`` from ``queue``."""
+        pump = self.pump(queue)
+        pump.attach(sink)
+        return pump
+
+    def detach(self, queue: str, sink: WorkerSink) -> None:
+        """Stop feeding ``sink``."""
+        pump = self.pumps.get(queue)
+        if pump is not None:
+            pump.detach(sink)
+
+    def wake(self, queue: str) -> None:
+        """Messages of ``queue`` may have become visible."""
+        pump = self.pumps.get(queue)
+        if pump is not None:
+            pump.wake()
+
+    def wake_all(self, queues: Iterable[str] | None = None) -> None:
+        """Wake the pumps of ``queues`` (None: every pump, after missed notifications)."""
+        for queue in self.pumps if queues is None else queues:
+            self.wake(queue)
+
+
+class _RoomWaiter:
+    """One enqueue waiting for room in a ``block`` queue: retried once, by
+    whichever comes first, the poll timer or :meth:`Engine.room_made`."""
+
+    def __init__(self, retry: Callable[[], None], waiters: list[_RoomWaiter], since: float) -> None:
+        self._retry: Callable[[], None] | None = retry
+        self._waiters = waiters
+        self.since = since
+        self.timer: asyncio.TimerHandle | None = None
+
+    def fire(self) -> None:
+        retry, self._retry = self._retry, None
+        if retry is None:
+            return
+        if self.timer is not None:
+            self.timer.cancel()
+        if self in self._waiters:
+            self._waiters.remove(self)
+        retry()

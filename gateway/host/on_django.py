@@ -1,0 +1,76 @@
+"""Store transactions on Django's own connection, for code outside the gateway's loop.
+
+The admin's actions (``gateway.host.operations``) and the transactional enqueue
+API (``gateway.host.producer``) apply the store's functions through the caller's
+connection, inside the caller's ``transaction.atomic()``: what they write
+commits or rolls back with the caller's own rows (design decision 12).
+
+Waking the gateways follows the commit, never a poll: on PostgreSQL a
+``pg_notify`` inside the transaction (delivered on commit to every gateway
+process, ``gateway.engine.notify``); on SQLite, after the commit, this process's
+pumps directly and the other processes' through datagrams.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django.db import connections, transaction
+
+from gateway.runtime import metrics
+from gateway.store.dialects import POSTGRESQL, SQLITE_THROUGH_DJANGO
+from gateway.store.groups import settle
+from gateway.store.runner import NOTIFY_CHANNEL
+from gateway.store.txn import QueueCache, Txn
+
+__all__ = ["django_transaction"]
+
+
+@contextmanager
+def django_transaction(using: str = "default") -> Iterator[Txn]:
+    """A store transaction on Django connection ``using``, nested in the caller's.
+
+    Groups are settled before it ends and the gateways are woken once the
+    outermost transaction commits.
+    """
+    from gateway.conf import gateway_settings
+
+    connection = connections[using]
+    # Django's cursor on both: its placeholders are %s (SQLITE_THROUGH_DJANGO's doc).
+    dialect = POSTGRESQL if connection.vendor == "postgresql" else SQLITE_THROUGH_DJANGO
+    with transaction.atomic(using=using), connection.cursor() as cursor:
+        # No cache across calls: settings edited elsewhere apply at once here.
+        queues = QueueCache(gateway_settings().default_queue, ttl=0.0)
+        txn = Txn(cursor, dialect, time.time(), queues)
+        yield txn
+        settle(txn)
+        counted = txn.write_counts(metrics.django_shard())
+        if counted:
+            transaction.on_commit(lambda: metrics.queue_counted(counted), using=using)
+        _announce(cursor, connection.vendor, using, txn.woken)
+
+
+def _announce(cursor: Any, vendor: str, using: str, queues: Iterable[str]) -> None:
+    names = sorted(set(queues))
+    if not names:
+        return
+    if vendor == "postgresql":
+        for name in names:
+            # Signed "admin": every gateway's listener takes it (each skips
+            # only its own store's notifications).
+            cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, f"admin {name}"])
+    transaction.on_commit(lambda: _wake_after_commit(vendor, names, using), using=using)
+
+
+def _wake_after_commit(vendor: str, names: list[str], using: str) -> None:
+    from gateway.engine.notify import announce_local
+    from gateway.runtime import wake_from_thread
+
+    wake_from_thread(names)  # this process's pumps, if it serves the gateway
+    if vendor != "postgresql":
+        # The gateways of the file this transaction wrote to, which is not
+        # always the "default" database's.
+        announce_local(names, using)

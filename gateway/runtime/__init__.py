@@ -1,0 +1,180 @@
+"""The runtime of one gateway process: builds, wires, owns and shuts down its parts.
+
+design decision 13. A gateway process has one work-queue engine, one
+broadcaster (with the shared topic streams when several processes share a
+Redis), one process channel on the Channels layer (for the dashboards'
+exchange), one live exchange, one per-token limiter and one watch for
+revoked tokens. :class:`Runtime` builds them on the process's event loop,
+hands each the others it needs through its constructor, and closes them
+together; nothing else in the gateway keeps a module-level instance.
+
+Consumers and views reach it with :func:`current_runtime` (the runtime of
+the running loop: under daphne or uvicorn, the process's one loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from channels.layers import InMemoryChannelLayer, get_channel_layer
+from django.db import connections
+
+from gateway.access.auth import RevocationWatch
+from gateway.conf import GatewaySettings, gateway_settings
+from gateway.core.ratelimit import TokenLimiter
+from gateway.engine import PROCESS_NAME, Engine, django_store
+from gateway.engine.committer import Committer
+from gateway.engine.notify import start_listener, start_local_listener
+from gateway.runtime.layer import ProcessChannel
+from gateway.topics.broadcast import Broadcaster
+from gateway.topics.settings import TopicSettingsCache
+from gateway.topics.streams import RedisTopics
+
+if TYPE_CHECKING:
+    from dashboard.live import Exchange
+    from gateway.store import Store
+
+__all__ = ["Runtime", "close_sockets", "current_runtime", "wake_from_thread"]
+
+
+class Runtime:
+    """Every long-lived part of one gateway process, built on its event loop.
+
+    Args:
+        conf: the gateway's settings.
+        make_store: opens the work-queue store (a connection of its own).
+    """
+
+    def __init__(
+        self,
+        conf: GatewaySettings | None = None,
+        *,
+        make_store: Callable[[], Store] = django_store,
+    ) -> None:
+        self.conf = conf = conf or gateway_settings()
+        self.loop = asyncio.get_running_loop()
+        self.process = PROCESS_NAME
+        # -- the work queue
+        self.engine = _build_engine(conf, make_store, self.loop)
+        # -- per-token limits, and the watch that closes revoked tokens' sockets
+        self.limiter = TokenLimiter(conf.token_limits, time.monotonic)
+        self.revocations = RevocationWatch(conf.token_check_interval)
+        # -- topics: settings, the shared streams (several processes), the broadcaster
+        self.topic_settings = TopicSettingsCache(conf.queue_settings_ttl)
+        self.streams: RedisTopics | None = None
+        if conf.redis_url:
+            self.streams = RedisTopics(
+                conf.redis_url,
+                settings=self.topic_settings,
+                prefix=conf.redis_prefix,
+                window=conf.topic_relay_window,
+            )
+        self.broadcaster = Broadcaster(
+            settings=self.topic_settings,
+            shared=self.streams,
+            block_wait=conf.block_wait,
+            topic_idle=conf.topic_idle,
+            topic_limit=conf.topic_limit,
+        )
+        if self.streams is not None:
+            self.streams.start(
+                self.broadcaster.deliver_read,
+                self.broadcaster.restart_topic,
+                self.broadcaster.epoch_of,
+            )
+        # -- the other processes (the dashboards' exchange)
+        layer = get_channel_layer()
+        cross = layer is not None and not isinstance(layer, InMemoryChannelLayer)
+        self.channel = ProcessChannel(layer) if cross else None
+        self._exchange: Exchange | None = None
+
+    @property
+    def exchange(self) -> Exchange:
+        """The live exchange of the dashboards (built on first use)."""
+        if self._exchange is None:
+            # Imported here: the dashboard app is optional for a project that
+            # installs only the gateway (gateway.api_urls without the dashboard).
+            from dashboard.live import Exchange
+
+            self._exchange = Exchange(self.engine, self.broadcaster, self.channel)
+        return self._exchange
+
+    async def aclose(self) -> None:
+        """Stop every part (tests, and a process shutting down)."""
+        self.revocations.stop()
+        self.broadcaster.close()
+        if self.streams is not None:
+            await self.streams.close()
+        if self._exchange is not None:
+            self._exchange.close()
+        if self.channel is not None:
+            self.channel.close()
+        self.engine.close()
+        if _runtimes.get(self.loop) is self:
+            del _runtimes[self.loop]
+
+
+def _build_engine(
+    conf: GatewaySettings, make_store: Callable[[], Store], loop: asyncio.AbstractEventLoop
+) -> Engine:
+    holder: list[Engine] = []
+    committer = Committer(
+        make_store,
+        batch_max_ops=conf.batch_max_ops,
+        max_backlog=conf.max_backlog,
+        on_wake=lambda queues: holder[0].wake_all(queues),
+        result_retention=conf.task_result_retention,
+    )
+    engine = Engine(committer, block_wait=conf.block_wait)
+    holder.append(engine)
+    if connections["default"].vendor == "postgresql":
+        engine.listener = start_listener(engine.wake_all, PROCESS_NAME, loop)
+    else:
+        # Enqueues committed by other processes on this SQLite file
+        # (gateway.host.producer, admin actions) arrive as datagrams.
+        engine.local_listener = loop.create_task(start_local_listener(engine.wake_all))
+    return engine
+
+
+_runtimes: dict[asyncio.AbstractEventLoop, Runtime] = {}
+
+
+def current_runtime() -> Runtime:
+    """The runtime of the running event loop, built on first use."""
+    loop = asyncio.get_running_loop()
+    runtime = _runtimes.get(loop)
+    if runtime is None:
+        runtime = _runtimes[loop] = Runtime()
+    return runtime
+
+
+def wake_from_thread(queues: Iterable[str]) -> None:
+    """Wake the pumps of ``queues`` from a synchronous thread (an admin action).
+
+    The change was committed through another connection, so this process's
+    pumps would not notice it; other gateway processes hear of it through
+    the NOTIFY the action sends on PostgreSQL.
+    """
+    names = list(queues)
+    for loop, runtime in list(_runtimes.items()):
+        if not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # closed meanwhile
+                loop.call_soon_threadsafe(runtime.engine.wake_all, names)
+
+
+async def close_sockets(code: int, *, wait: float) -> None:
+    """Close every socket of the running loop's gateway with ``code``, and wait up
+    to ``wait`` seconds for them to go (a server shutting down: protocol, Errors)."""
+    runtime = _runtimes.get(asyncio.get_running_loop())
+    if runtime is None:
+        return
+    sockets = runtime.engine.sockets
+    for socket in list(sockets):
+        socket.push_close(code)
+    deadline = time.monotonic() + wait
+    while sockets and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)

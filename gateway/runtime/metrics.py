@@ -1,0 +1,515 @@
+"""Prometheus metrics of the whole deployment (protocol 1.1: Metrics, ``GET /metrics``).
+
+One scrape of any gateway process describes every process, counting each
+event once. The figures come from two places:
+
+=====================  ========================================================
+queues                 the database. The store adds to ``leasecast_queue_counter``
+                       in the same transaction that moves the messages
+                       (``Txn.count`` / ``Txn.write_counts``), so every path
+                       that enqueues, leases, acks or dead-letters counts, on
+                       any process or connection, and the totals survive
+                       restarts. The per-state gauge is read at scrape time.
+topics and sockets     each process's memory (:class:`Registry`). With Redis
+                       (``REDIS_URL``), every process adds its new counts to
+                       one Redis hash each second (``HINCRBY``) and writes its
+                       socket gauges under a key of its own that expires, so a
+                       dead process's sockets vanish and its counts stay; a
+                       scrape reads Redis. Without Redis there is one
+                       process, and a scrape reads its memory.
+=====================  ========================================================
+
+The broadcaster reports with :func:`topic_published`, :func:`topic_delivered`,
+:func:`topic_dropped` and :func:`slow_consumer_closed`; the sockets with
+:func:`socket_opened` and :func:`socket_closed`. Each is a dictionary update
+under a lock: cheap enough for the hot path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
+
+__all__ = [
+    "CONTENT_TYPE",
+    "COUNTER_SHARD",
+    "QUEUE_COUNTERS",
+    "TOPIC_COUNTERS",
+    "Deployment",
+    "RedisShare",
+    "Registry",
+    "django_shard",
+    "get_registry",
+    "local_queue_counters",
+    "queue_counted",
+    "read_queue_figures",
+    "render",
+    "scrape",
+    "slow_consumer_closed",
+    "socket_closed",
+    "socket_opened",
+    "topic_delivered",
+    "topic_dropped",
+    "topic_published",
+]
+
+log = logging.getLogger("leasecast.metrics")
+
+#: The exposition format ``GET /metrics`` answers in.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+#: The counters the store keeps per queue (``leasecast_queue_<name>_total``).
+QUEUE_COUNTERS = ("enqueued", "delivered", "redelivered", "acked", "dead_lettered")
+#: The in-memory counters and their label names (``leasecast_<name>_total``).
+TOPIC_COUNTERS: dict[str, tuple[str, ...]] = {
+    "topic_published": ("topic",),
+    "topic_delivered": ("topic",),
+    "topic_dropped": ("topic", "policy"),
+    "slow_consumers_closed": ("topic",),
+}
+_HELP = {
+    "topic_published": "Messages published to the topic.",
+    "topic_delivered": "Messages delivered to the topic's subscribers (one per subscriber).",
+    "topic_dropped": "Messages dropped for the topic's subscribers, by buffer policy.",
+    "slow_consumers_closed": "Subscriber sockets closed as slow consumers (policy block).",
+    "enqueued": "Messages enqueued (every path; an operator's requeue or redrive counts).",
+    "delivered": "Messages leased to workers (deliveries, redeliveries included).",
+    "redelivered": "Deliveries of messages delivered before.",
+    "acked": "Messages acked.",
+    "dead_lettered": "Messages dead-lettered, by reason.",
+}
+#: Message states of ``leasecast_queue_messages``.
+STATES = ("visible", "delayed", "in_flight", "dead")
+
+#: The row of ``leasecast_queue_counter`` this process's store adds to:
+#: processes on different rows do not wait for each other's commits (a
+#: scrape sums them). The store commits at once, so a row is held briefly.
+COUNTER_SHARDS = 16
+COUNTER_SHARD = os.getpid() % COUNTER_SHARDS
+#: Rows for transactions on Django's connection (``gateway.host.on_django``):
+#: nested in the application's own transaction, they hold their rows until
+#: the application commits, which may be much later. Each takes one of these
+#: at random, so it never holds up a gateway's commits, and two application
+#: transactions wait for each other only if they pick the same row.
+DJANGO_SHARDS = range(COUNTER_SHARDS, COUNTER_SHARDS + 64)
+
+
+def django_shard() -> int:
+    """A counter row for one transaction on Django's connection (see :data:`DJANGO_SHARDS`)."""
+    return random.choice(DJANGO_SHARDS)
+
+
+#: This process's name in ``leasecast_sockets`` (the same as in ``/api/stats``).
+PROCESS = f"{socket.gethostname()}:{os.getpid()}"
+#: Seconds between two flushes of a process's counts to Redis.
+FLUSH_INTERVAL = 1.0
+#: Seconds a process's socket gauges outlive its last flush in Redis.
+SOCKETS_TTL = 10.0
+
+Key = tuple[str, tuple[str, ...]]
+
+#: Most distinct topics a process keeps counters for (each costs about 1.5
+#: KiB). Topic names are chosen by publishers, and a counter per name ever
+#: used would grow without bound (and make every scrape as big); past this, a
+#: new topic's counts go to the topic label :data:`OTHER_TOPICS`, which no real
+#: topic can be named.
+MAX_TOPICS = 1_000
+OTHER_TOPICS = "(other)"
+
+
+class Registry:
+    """One process's in-memory counters and socket gauges. Thread-safe.
+
+    Counts since the last :meth:`take_pending` are kept apart, for the
+    process that shares them through Redis.
+    """
+
+    def __init__(self, process: str = PROCESS, *, max_topics: int = MAX_TOPICS) -> None:
+        self.process = process
+        self.max_topics = max_topics
+        self._topics: set[str] = set()
+        self._lock = threading.Lock()
+        self._totals: dict[Key, int] = {}
+        self._pending: dict[Key, int] = {}
+        self._sockets: dict[str, int] = {}
+        self._queues: dict[str, dict[str, int]] = {}
+
+    def count(self, name: str, labels: tuple[str, ...], n: int = 1) -> None:
+        """Add ``n`` (>= 0) to counter ``name`` (a key of :data:`TOPIC_COUNTERS`)."""
+        if n <= 0:
+            return
+        with self._lock:
+            topic = labels[0] if labels else None
+            if topic is not None and topic not in self._topics:
+                if len(self._topics) < self.max_topics:
+                    self._topics.add(topic)
+                else:
+                    labels = (OTHER_TOPICS, *labels[1:])
+            key = (name, labels)
+            self._totals[key] = self._totals.get(key, 0) + n
+            self._pending[key] = self._pending.get(key, 0) + n
+
+    def totals(self) -> dict[Key, int]:
+        """Every counter of this process since it started."""
+        with self._lock:
+            return dict(self._totals)
+
+    def take_pending(self) -> dict[Key, int]:
+        """The counts since the last call, forgotten here (the caller shares them)."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        return pending
+
+    def restore_pending(self, pending: Mapping[Key, int]) -> None:
+        """Give back counts :meth:`take_pending` returned that could not be shared."""
+        with self._lock:
+            for key, n in pending.items():
+                self._pending[key] = self._pending.get(key, 0) + n
+
+    def socket_opened(self, kind: str) -> None:
+        """A socket of ``kind`` (worker, producer, subscriber, dashboard) opened."""
+        with self._lock:
+            self._sockets[kind] = self._sockets.get(kind, 0) + 1
+
+    def socket_closed(self, kind: str) -> None:
+        """A socket of ``kind`` closed (its kind stays, at 0)."""
+        with self._lock:
+            self._sockets[kind] = max(0, self._sockets.get(kind, 0) - 1)
+
+    def sockets(self) -> dict[str, int]:
+        """Open sockets of this process by kind."""
+        with self._lock:
+            return dict(self._sockets)
+
+    def queue_counted(self, counted: Mapping[tuple[str, str, str], int]) -> None:
+        """Counts a committed store transaction of this process added to queues'
+        counters, by (queue, counter, label): the dashboard's per-process rates."""
+        with self._lock:
+            for (queue, name, _), n in counted.items():
+                counters = self._queues.get(queue)
+                if counters is None:
+                    counters = self._queues[queue] = dict.fromkeys(QUEUE_COUNTERS, 0)
+                counters[name] = counters.get(name, 0) + n
+
+    def queue_counters(self) -> dict[str, dict[str, int]]:
+        """Per queue, what this process's commits counted since it started."""
+        with self._lock:
+            return {queue: dict(counters) for queue, counters in self._queues.items()}
+
+
+def _field(key: Key) -> str:
+    return json.dumps([key[0], *key[1]], separators=(",", ":"))
+
+
+def _unfield(raw: str | bytes) -> Key | None:
+    try:
+        name, *labels = json.loads(raw)
+    except (ValueError, TypeError):
+        return None
+    if name not in TOPIC_COUNTERS or len(labels) != len(TOPIC_COUNTERS[name]):
+        return None
+    return name, tuple(str(label) for label in labels)
+
+
+class RedisShare:
+    """The deployment's in-memory figures in Redis, shared by every process.
+
+    Args:
+        client: a ``redis.Redis`` (synchronous) client.
+        prefix: the deployment's key prefix (``GATEWAY_REDIS_PREFIX``); keys
+            are ``PREFIX:metrics:counters`` and ``PREFIX:metrics:sockets:PROCESS``.
+    """
+
+    def __init__(self, client: Any, prefix: str) -> None:
+        self.client = client
+        self.counters_key = f"{prefix}:metrics:counters"
+        self.sockets_prefix = f"{prefix}:metrics:sockets:"
+        # One flush at a time: the scrape flushes too, and two flushes of one
+        # process must not interleave the socket key's delete and write.
+        self._flushing = threading.Lock()
+
+    def flush(self, registry: Registry) -> None:
+        """Add the registry's new counts to Redis and refresh its socket gauges.
+
+        In one MULTI/EXEC: either all of it lands or none (the counts are
+        then given back, for the next flush).
+        """
+        with self._flushing:
+            pending = registry.take_pending()
+            sockets = registry.sockets()
+            key = self.sockets_prefix + registry.process
+            try:
+                pipe = self.client.pipeline(transaction=True)
+                for counter, n in pending.items():
+                    pipe.hincrby(self.counters_key, _field(counter), n)
+                pipe.delete(key)
+                if sockets:
+                    pipe.hset(key, mapping=sockets)
+                    pipe.expire(key, int(SOCKETS_TTL))
+                pipe.execute()
+            except Exception:
+                registry.restore_pending(pending)
+                raise
+
+    def read(self) -> tuple[dict[Key, int], dict[str, dict[str, int]]]:
+        """The deployment's counters, and each live process's sockets by kind."""
+        counters: dict[Key, int] = {}
+        for raw, value in self.client.hgetall(self.counters_key).items():
+            key = _unfield(raw)
+            if key is not None:
+                counters[key] = int(value)
+        sockets: dict[str, dict[str, int]] = {}
+        for raw_key in self.client.scan_iter(match=self.sockets_prefix + "*", count=500):
+            name = raw_key.decode() if isinstance(raw_key, bytes) else raw_key
+            kinds = self.client.hgetall(raw_key)
+            process = name[len(self.sockets_prefix) :]
+            sockets[process] = {_text(kind): int(n) for kind, n in kinds.items()}
+        return counters, sockets
+
+
+def _text(raw: str | bytes) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
+class _Sharer(threading.Thread):
+    """Flushes a registry to Redis every :data:`FLUSH_INTERVAL` seconds, for the
+    life of the process (a daemon: the last second's counts die with it)."""
+
+    def __init__(self, registry: Registry, share: RedisShare) -> None:
+        super().__init__(name="leasecast-metrics", daemon=True)
+        self.registry = registry
+        self.share = share
+        self._failing = False
+
+    def run(self) -> None:
+        while True:
+            time.sleep(FLUSH_INTERVAL)
+            try:
+                self.share.flush(self.registry)
+                self._failing = False
+            except Exception as exc:
+                if not self._failing:  # once per outage, not once a second
+                    log.warning("metrics: Redis flush failed (%s: %s)", type(exc).__name__, exc)
+                self._failing = True
+
+
+@dataclass
+class _Process:
+    """This process's registry, and how it shares it (None: no Redis)."""
+
+    registry: Registry = field(default_factory=Registry)
+    share: RedisShare | None = None
+    started: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_process = _Process()
+
+
+def _redis_settings() -> tuple[str, str] | None:
+    """``(redis_url, redis_prefix)`` of the gateway's settings, or None without
+    Redis: metrics are shared exactly when topics are (gateway.runtime)."""
+    try:
+        from gateway.conf import gateway_settings
+
+        conf = gateway_settings()
+    except Exception:  # Django not configured: a process of its own
+        return None
+    return (conf.redis_url, conf.redis_prefix or "leasecast") if conf.redis_url else None
+
+
+def get_registry() -> Registry:
+    """This process's registry; the first call in a gateway process with Redis
+    starts sharing it (one background thread)."""
+    state = _process
+    if not state.started:
+        with state.lock:
+            if not state.started:
+                state.started = True
+                found = _redis_settings()
+                if found is not None:
+                    from gateway.topics.redis_url import sync_client
+
+                    # redis+sentinel:// included: it follows the master.
+                    client = sync_client(found[0], socket_connect_timeout=3, socket_timeout=3)
+                    state.share = RedisShare(client, found[1])
+                    _Sharer(state.registry, state.share).start()
+    return state.registry
+
+
+# -- what the rest of the gateway calls -------------------------------------------
+
+
+def topic_published(topic: str, n: int = 1) -> None:
+    """``n`` messages were published to ``topic`` (once per publish, on the
+    process that accepted it)."""
+    get_registry().count("topic_published", (topic,), n)
+
+
+def topic_delivered(topic: str, n: int = 1) -> None:
+    """``n`` messages of ``topic`` were sent to one subscriber socket of this process."""
+    get_registry().count("topic_delivered", (topic,), n)
+
+
+def topic_dropped(topic: str, policy: str, n: int = 1) -> None:
+    """``n`` messages of ``topic`` were dropped for a subscriber with buffer ``policy``."""
+    get_registry().count("topic_dropped", (topic, policy), n)
+
+
+def slow_consumer_closed(topic: str) -> None:
+    """A subscriber of ``topic`` was closed as a slow consumer (4008)."""
+    get_registry().count("slow_consumers_closed", (topic,), 1)
+
+
+def socket_opened(kind: str) -> None:
+    """A socket of ``kind`` was accepted on this process."""
+    get_registry().socket_opened(kind)
+
+
+def socket_closed(kind: str) -> None:
+    """A socket of ``kind`` that :func:`socket_opened` counted went away."""
+    get_registry().socket_closed(kind)
+
+
+def queue_counted(counted: Mapping[tuple[str, str, str], int]) -> None:
+    """Called by the store after a commit with what it counted (see :class:`Registry`)."""
+    _process.registry.queue_counted(counted)
+
+
+def local_queue_counters() -> dict[str, dict[str, int]]:
+    """Per queue, the counts this process's commits added (the dashboard's rates)."""
+    return _process.registry.queue_counters()
+
+
+# -- the scrape ---------------------------------------------------------------------
+
+
+@dataclass
+class Deployment:
+    """Everything one scrape shows."""
+
+    #: (queue, counter, label) -> total over shards
+    queue_counters: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    #: (queue, state) -> messages now
+    queue_messages: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: in-memory counters of every process
+    counters: dict[Key, int] = field(default_factory=dict)
+    #: process -> kind -> open sockets
+    sockets: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+#: Which stored rows are in each protocol state at time %s (as gateway.store.operator).
+_GAUGE_SQL = (
+    "SELECT q.name, CASE"
+    " WHEN m.state = 2 OR (m.expires_at IS NOT NULL AND m.expires_at <= %s) THEN 'dead'"
+    " WHEN m.state = 0 OR m.visible_at <= %s THEN 'visible'"
+    " WHEN m.state = 1 THEN 'in_flight'"
+    " ELSE 'delayed' END AS st, COUNT(*)"
+    " FROM leasecast_message AS m JOIN leasecast_queue AS q ON q.id = m.queue_id"
+    " GROUP BY q.name, st"
+)
+_COUNTERS_SQL = (
+    "SELECT q.name, c.name, c.label, SUM(c.value)"
+    " FROM leasecast_queue_counter AS c JOIN leasecast_queue AS q ON q.id = c.queue_id"
+    " GROUP BY q.name, c.name, c.label"
+)
+
+
+def read_queue_figures(cursor: Any, now: float, placeholder: str = "%s") -> Deployment:
+    """Queue counters and per-state counts from the database (read only).
+
+    Messages past their ttl that no sweep has dead-lettered yet are counted
+    dead, as ``GET /api/queues/QUEUE`` does; every queue ever used appears,
+    with 0 for its empty states.
+    """
+    figures = Deployment()
+    cursor.execute("SELECT name FROM leasecast_queue")
+    for (name,) in cursor.fetchall():
+        for state in STATES:
+            figures.queue_messages[(name, state)] = 0
+    cursor.execute(_GAUGE_SQL.replace("%s", placeholder), (now, now))
+    for name, state, n in cursor.fetchall():
+        figures.queue_messages[(name, state)] = int(n)
+    cursor.execute(_COUNTERS_SQL)
+    for queue, name, label, value in cursor.fetchall():
+        figures.queue_counters[(queue, name, label or "")] = int(value)
+    return figures
+
+
+class _Families(Collector):
+    """Turns one :class:`Deployment` into metric families."""
+
+    def __init__(self, figures: Deployment) -> None:
+        self.figures = figures
+
+    def collect(self) -> Iterable[Metric]:
+        return list(_families(self.figures))
+
+
+def _families(figures: Deployment) -> Iterator[Metric]:
+    gauge = GaugeMetricFamily(
+        "leasecast_queue_messages", "Messages in the queue by state.", labels=["queue", "state"]
+    )
+    for (queue, state), n in sorted(figures.queue_messages.items()):
+        gauge.add_metric([queue, state], n)
+    yield gauge
+    for name in QUEUE_COUNTERS:
+        names = ["queue", "reason"] if name == "dead_lettered" else ["queue"]
+        family = CounterMetricFamily(f"leasecast_queue_{name}", _HELP[name], labels=names)
+        for (queue, counter, label), n in sorted(figures.queue_counters.items()):
+            if counter == name:
+                family.add_metric([queue, label] if name == "dead_lettered" else [queue], n)
+        yield family
+    for name, label_names in TOPIC_COUNTERS.items():
+        family = CounterMetricFamily(f"leasecast_{name}", _HELP[name], labels=list(label_names))
+        for (counter, values), n in sorted(figures.counters.items()):
+            if counter == name:
+                family.add_metric(list(values), n)
+        yield family
+    sockets = GaugeMetricFamily(
+        "leasecast_sockets", "Open sockets by kind and gateway process.", labels=["kind", "process"]
+    )
+    for process, kinds in sorted(figures.sockets.items()):
+        for kind, n in sorted(kinds.items()):
+            sockets.add_metric([kind, process], n)
+    yield sockets
+
+
+def render(figures: Deployment) -> bytes:
+    """The Prometheus text exposition of ``figures``."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(figures))
+    return generate_latest(registry)
+
+
+def scrape() -> bytes:
+    """Everything ``GET /metrics`` shows, from this process (blocking: run it in
+    a thread that may use Django's database connection)."""
+    from django.db import connection
+
+    registry = get_registry()
+    share = _process.share
+    if share is not None:
+        try:
+            share.flush(registry)  # this process's last second, too
+        except Exception as exc:
+            log.warning("metrics: Redis flush failed (%s: %s)", type(exc).__name__, exc)
+        counters, sockets = share.read()
+    else:
+        counters, sockets = registry.totals(), {registry.process: registry.sockets()}
+    with connection.cursor() as cursor:  # Django's: %s placeholders on SQLite too
+        figures = read_queue_figures(cursor, time.time())
+    figures.counters, figures.sockets = counters, sockets
+    return render(figures)
