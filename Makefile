@@ -72,6 +72,7 @@ screenshots: $(DEV_STAMP) var browser
 lint: dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 typecheck: dev
 	$(BIN)/mypy gateway consumers dashboard bench spark_feed clients/python/src/leasecast
