@@ -55,9 +55,7 @@ from typing import Any, Literal, TypeAlias, TypedDict
 from urllib.parse import quote
 
 import orjson
-from leasecast import Delivery, Worker
-from leasecast.cli import http_get
-from leasecast.link import backoff_delays
+from leasecast import Delivery, Worker, backoff_delays, http_get
 
 from gateway.core.errors import (
     Backpressure,

@@ -7,11 +7,17 @@
 - Results are dataclasses: :class:`EnqueueResult`, :class:`PublishResult`,
   :class:`Subscribed`.
 - Errors: :mod:`leasecast.errors` (the gateway shares the same tree).
+- Helpers for code of your own: :func:`http_get` reads a JSON document of
+  the gateway's HTTP API with a token (:mod:`leasecast.api`);
+  :func:`backoff_delays` yields the jittered, capped exponential delays the
+  clients reconnect after.
 - ``leasecast``: the console script (:mod:`leasecast.cli`).
 """
 
 from __future__ import annotations
 
+from leasecast.api import http_get
+from leasecast.link import backoff_delays
 from leasecast.producer import Producer
 from leasecast.results import EnqueueResult, PublishResult, Subscribed
 from leasecast.subscriber import Message, Subscriber
@@ -26,4 +32,6 @@ __all__ = [
     "Subscribed",
     "Subscriber",
     "Worker",
+    "backoff_delays",
+    "http_get",
 ]

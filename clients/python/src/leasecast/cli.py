@@ -31,14 +31,12 @@ import json
 import math
 import os
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import quote
 
-from leasecast.errors import LeasecastError, ProtocolError, error_for_code
-from leasecast.link import http_url
+from leasecast.api import http_get
+from leasecast.errors import LeasecastError, ProtocolError
 from leasecast.producer import Producer
 from leasecast.subscriber import Subscriber
 from leasecast.worker import Worker
@@ -397,50 +395,6 @@ async def _subscribe(ns: argparse.Namespace) -> None:
 def _stats(ns: argparse.Namespace) -> None:
     path = f"/api/queues/{quote(ns.queue, safe='')}" if ns.queue else "/api/stats"
     print(json.dumps(http_get(ns.url, path, ns.token), indent=2))
-
-
-def http_get(base: str, path: str, token: str, timeout: float = 30.0) -> Any:
-    """``GET`` a JSON document from the gateway's HTTP API with the bearer token.
-
-    Args:
-        base: the gateway, ``http://host:port`` (``ws://`` works too).
-        path: e.g. ``/api/stats``.
-        token: the API token.
-        timeout: seconds to wait for the gateway.
-
-    Returns:
-        The decoded JSON.
-
-    Raises:
-        ProtocolError: the gateway answered with an error status (its ``error`` code).
-        LeasecastError: the gateway could not be reached or did not answer JSON.
-    """
-    url = http_url(base, path)
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            raw = response.read()
-    except urllib.error.HTTPError as err:
-        raise _http_error(err) from err
-    except urllib.error.URLError as err:
-        raise LeasecastError(f"cannot reach {url}: {err.reason}") from err
-    except OSError as err:  # a timeout or reset while reading the answer
-        raise LeasecastError(f"cannot reach {url}: {err}") from err
-    try:
-        return json.loads(raw)
-    except ValueError as err:
-        raise LeasecastError(f"{url} did not answer JSON") from err
-
-
-def _http_error(err: urllib.error.HTTPError) -> LeasecastError:
-    # The API answers {"error": CODE, "detail": ...}; a proxy in between may not.
-    try:
-        body = json.loads(err.read())
-    except (ValueError, OSError):
-        body = None
-    if isinstance(body, dict) and isinstance(body.get("error"), str):
-        return error_for_code(body["error"], str(body.get("detail") or ""))
-    return LeasecastError(f"HTTP {err.code} {err.reason}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
