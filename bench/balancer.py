@@ -46,9 +46,8 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from bench.procstat import cpu_of, machine_busy_seconds
 from bench.workqueue import LeasecastTarget
-from tests.databases import postgres_database, postgres_unavailable
-from tests.integration.conftest import redis_unavailable
-from tests.integration.harness import Balancer, GatewayProcess, haproxy_unavailable
+from tests.support.databases import postgres_database, postgres_unavailable, redis_unavailable
+from tests.support.gateways import Balancer, GatewayProcess, haproxy_unavailable
 
 SETUPS = ("1 direct", "1 via haproxy", "2 via haproxy")
 

@@ -51,7 +51,7 @@ from typing import Any
 from bench.procstat import machine_busy_seconds, process_cpu_seconds
 from bench.workqueue import LeasecastTarget, start_gateway
 from tests.integration import harness
-from tests.integration.harness import GatewayProcess
+from tests.support.gateways import GatewayProcess
 
 SERVERS = ("daphne", "uvicorn")
 

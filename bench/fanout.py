@@ -43,8 +43,8 @@ from websockets.asyncio.client import connect
 
 from bench.workqueue import percentile
 from gateway.core.fanout import Dispatcher, Policy
-from tests.databases import sqlite_database
-from tests.integration.harness import GatewayProcess, free_port
+from tests.support.databases import sqlite_database
+from tests.support.gateways import GatewayProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DAPHNE_BASELINE = (sys.executable, "-m", "daphne", "-b", "127.0.0.1")

@@ -52,8 +52,8 @@ from bench.peers.pgq import PgQueuerQueue, postgres_unavailable
 from bench.peers.rabbit import RabbitQueue, rabbit_unavailable
 from bench.procstat import loadavg, machine_busy_seconds, parent_of, tree_cpu_seconds
 from bench.workqueue import start_gateway
-from tests.databases import PG_ADMIN_URL
-from tests.integration.harness import free_port
+from tests.support.databases import PG_ADMIN_URL
+from tests.support.gateways import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN = "<!-- headline:begin (written by `make bench`: python -m bench.headline) -->"

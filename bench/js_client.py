@@ -438,7 +438,7 @@ class PythonClient:
 
 async def subscribed(gateway: Any, admin: str, topic: str, timeout: float = 30) -> None:
     """Wait until the gateway lists a subscriber socket of ``topic``."""
-    from tests.integration.harness import ahttp
+    from tests.support.clients import ahttp
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -455,7 +455,7 @@ async def publish_batches(
     gateway: Any, admin: str, topic: str, n: int, batch: int, posters: int
 ) -> tuple[float, float]:
     """Publish ``n`` messages in HTTP batches, ``posters`` in flight; (start, end) times."""
-    from tests.integration.harness import ahttp
+    from tests.support.clients import ahttp
 
     url = f"{gateway.http}/api/topics/{topic}/messages"
     batches = [list(range(i, min(i + batch, n))) for i in range(0, n, batch)]
@@ -481,7 +481,7 @@ async def publish_batches(
 @contextlib.asynccontextmanager
 async def ticker(gateway: Any, admin: str, topic: str) -> AsyncIterator[None]:
     """Publish one live message every ``TICK`` seconds until the block exits."""
-    from tests.integration.harness import Socket
+    from tests.support.clients import Socket
 
     async with await Socket.open(f"{gateway.ws}/ws/produce/", admin) as producer:
         stop = asyncio.Event()
@@ -503,7 +503,7 @@ async def ticker(gateway: Any, admin: str, topic: str) -> AsyncIterator[None]:
 
 
 async def topic_with_history(gateway: Any, admin: str) -> str:
-    from tests.integration.harness import ahttp
+    from tests.support.clients import ahttp
 
     topic = f"bench-{uuid.uuid4().hex[:8]}"
     status, doc = await ahttp(
@@ -516,7 +516,7 @@ async def topic_with_history(gateway: Any, admin: str) -> str:
 
 async def topic_offset(gateway: Any, admin: str, topic: str) -> int:
     """The topic's latest offset."""
-    from tests.integration.harness import ahttp
+    from tests.support.clients import ahttp
 
     status, doc = await ahttp("GET", f"{gateway.http}/api/topics/{topic}", admin)
     if status != 200:
@@ -526,7 +526,7 @@ async def topic_offset(gateway: Any, admin: str, topic: str) -> int:
 
 async def force_disconnect(gateway: Any, admin: str, topic: str) -> float:
     """Have the gateway close the topic's subscriber socket (code 4000); when it answered."""
-    from tests.integration.harness import Socket, ahttp
+    from tests.support.clients import Socket, ahttp
 
     status, stats = await ahttp("GET", f"{gateway.http}/api/stats", admin)
     assert status == 200, stats
@@ -644,8 +644,8 @@ def show(t: Throughput, resumes: list[Resume]) -> str:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    from tests.databases import sqlite_database
-    from tests.integration.harness import GatewayProcess
+    from tests.support.databases import sqlite_database
+    from tests.support.gateways import GatewayProcess
 
     throughput: list[Throughput] = []
     resumes: list[Resume] = []

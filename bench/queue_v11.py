@@ -72,7 +72,7 @@ from bench.workqueue import (
     percentile,
     start_gateway,
 )
-from tests.integration.harness import ahttp
+from tests.support.clients import ahttp
 
 POLICIES = ("drop_newest", "drop_oldest", "block")
 DELIVER, ACK = 0, 1

@@ -43,8 +43,9 @@ import orjson
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from tests.databases import base_env, manage, sqlite_database
-from tests.integration.harness import GatewayProcess, http
+from tests.support.clients import http
+from tests.support.databases import base_env, manage, sqlite_database
+from tests.support.gateways import GatewayProcess
 
 MIB = 1024 * 1024
 

@@ -43,9 +43,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.databases import sqlite_database
 from tests.integration import harness
-from tests.integration.harness import GatewayProcess
+from tests.support.databases import sqlite_database
+from tests.support.gateways import GatewayProcess
 
 
 @dataclass

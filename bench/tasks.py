@@ -65,8 +65,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tests.databases import ROOT, manage, postgres_database, postgres_unavailable, sqlite_database
-from tests.integration.harness import GatewayProcess, http
+from tests.support.clients import http
+from tests.support.databases import (
+    ROOT,
+    manage,
+    postgres_database,
+    postgres_unavailable,
+    sqlite_database,
+)
+from tests.support.gateways import GatewayProcess
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 SETTINGS = "bench.tasksite.settings"

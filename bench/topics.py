@@ -75,8 +75,9 @@ from websockets.asyncio.client import ClientConnection, connect
 from bench.fanout import Target, fanout_round
 from bench.procstat import process_cpu_seconds
 from bench.workqueue import percentile
-from tests.databases import PG_ADMIN_URL, ROOT, postgres_database, postgres_unavailable
-from tests.integration.harness import GatewayProcess, ahttp
+from tests.support.clients import ahttp
+from tests.support.databases import PG_ADMIN_URL, ROOT, postgres_database, postgres_unavailable
+from tests.support.gateways import GatewayProcess
 
 REDIS_URL_DEFAULT = "redis://127.0.0.1:6379/0"
 #: GATEWAY_QUEUE_SETTINGS_TTL of the gateway: how long another process may

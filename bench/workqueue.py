@@ -43,8 +43,8 @@ from typing import Any
 import orjson
 from websockets.asyncio.client import ClientConnection, connect
 
-from tests.databases import postgres_database, postgres_unavailable, sqlite_database
-from tests.integration.harness import GatewayProcess
+from tests.support.databases import postgres_database, postgres_unavailable, sqlite_database
+from tests.support.gateways import GatewayProcess
 
 RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672/"
 WINDOW = 500

@@ -1,80 +1,30 @@
-"""Real databases for the tests: a migrated SQLite file or a fresh PostgreSQL database.
+"""The old path of the tests' databases, kept for bench/ and older imports.
 
-PostgreSQL tests run when the server at 127.0.0.1:5432 answers and are
-skipped with the reason shown otherwise (a laptop without it).
+They live in :mod:`tests.support.databases` now; tests import them from there.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from tests.support.databases import (
+    PG_ADMIN_URL,
+    REDIS_URL,
+    ROOT,
+    base_env,
+    manage,
+    postgres_database,
+    postgres_unavailable,
+    redis_unavailable,
+    sqlite_database,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
-PG_ADMIN_URL = os.environ.get("LEASECAST_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
-def postgres_unavailable() -> str | None:
-    """Why PostgreSQL cannot be used, or None if it can."""
-    try:
-        import psycopg
-
-        with psycopg.connect(PG_ADMIN_URL, connect_timeout=3):
-            return None
-    except Exception as exc:
-        return f"PostgreSQL at {PG_ADMIN_URL} is not reachable: {type(exc).__name__}: {exc}"
-
-
-def manage(env: dict[str, str], *args: str) -> str:
-    """Run ``manage.py`` with ``env`` in a subprocess; returns stdout."""
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
-    return done.stdout
-
-
-def base_env(var_dir: Path) -> dict[str, str]:
-    """The environment of a gateway process with its own var/ directory."""
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env["GATEWAY_VAR_DIR"] = str(var_dir)
-    env["DJANGO_SETTINGS_MODULE"] = "gateway.settings"
-    env["PYTHONPATH"] = str(ROOT)
-    return env
-
-
-@contextmanager
-def sqlite_database(var_dir: Path) -> Iterator[dict[str, str]]:
-    """A migrated SQLite database; yields the environment that selects it."""
-    env = base_env(var_dir)
-    env["GATEWAY_SQLITE_PATH"] = str(var_dir / "leasecast.sqlite3")
-    manage(env, "migrate", "--noinput", "-v0")
-    yield env
-
-
-@contextmanager
-def postgres_database(var_dir: Path) -> Iterator[dict[str, str]]:
-    """A fresh, migrated PostgreSQL database, dropped afterwards."""
-    import psycopg
-
-    name = f"leasecast_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    env = base_env(var_dir)
-    env["DATABASE_URL"] = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
-    try:
-        manage(env, "migrate", "--noinput", "-v0")
-        yield env
-    finally:
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+__all__ = [
+    "PG_ADMIN_URL",
+    "REDIS_URL",
+    "ROOT",
+    "base_env",
+    "manage",
+    "postgres_database",
+    "postgres_unavailable",
+    "redis_unavailable",
+    "sqlite_database",
+]

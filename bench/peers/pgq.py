@@ -25,7 +25,7 @@ import orjson
 
 from bench.peers.base import OnMessage, PeerProducer, PeerWorker, QueuePeer
 from bench.procstat import children_of, parent_of, tree_cpu_seconds
-from tests.databases import PG_ADMIN_URL, postgres_unavailable
+from tests.support.databases import PG_ADMIN_URL, postgres_unavailable
 
 __all__ = ["PgQueuerQueue", "postgres_unavailable"]
 

@@ -20,11 +20,12 @@ from typing import Any
 
 import pytest
 
-from tests.browser.test_dashboard import _browser_missing, browser  # noqa: F401 - the fixture
-from tests.databases import sqlite_database
-from tests.integration.harness import GatewayProcess, Socket, free_port
+from tests.support.browsers import browser_missing
+from tests.support.clients import Socket
+from tests.support.databases import sqlite_database
+from tests.support.gateways import GatewayProcess, free_port
 
-pytestmark = pytest.mark.skipif(_browser_missing() is not None, reason=str(_browser_missing()))
+pytestmark = pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
 
 CLIENT = "/static/leasecast/leasecast.js"
 
@@ -116,7 +117,7 @@ async ({ gateway, token }) => {
 
 
 async def test_a_page_of_another_origin_imports_the_client_and_connects(
-    browser: Any,  # noqa: F811 - the fixture
+    browser: Any,
     site: GatewayProcess,
     app_pages: tuple[str, str],
 ) -> None:

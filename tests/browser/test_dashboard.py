@@ -5,36 +5,19 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.databases import ROOT, sqlite_database
-from tests.integration.conftest import redis_url
-from tests.integration.harness import GatewayProcess, Socket, ahttp, gateways_on_redis, unique
+from tests.support.browsers import PASSWORD, STAFF, browser_missing
+from tests.support.clients import Socket, ahttp, unique
+from tests.support.databases import ROOT, sqlite_database
+from tests.support.gateways import GatewayProcess, gateways_on_redis
 
-__all__ = ["redis_url"]  # a fixture: skips, saying why, when Redis does not answer
-
-CHROMIUM = os.environ.get("LEASECAST_CHROMIUM", "/usr/bin/chromium")
-
-
-def _browser_missing() -> str | None:
-    if not shutil.which(CHROMIUM) and not Path(CHROMIUM).exists():
-        return f"no Chromium at {CHROMIUM} (make test installs Debian's chromium when run as root)"
-    try:
-        import playwright  # noqa: F401
-    except ImportError:
-        return "Playwright for Python is not installed"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_browser_missing() is not None, reason=str(_browser_missing()))
-
-STAFF, PASSWORD = "ops", "correct horse battery"
+pytestmark = pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
 
 
 @pytest.fixture(scope="module")
@@ -68,27 +51,6 @@ def audit_log(site: GatewayProcess) -> str:
 @pytest.fixture(scope="module")
 def token(site: GatewayProcess) -> str:
     return site.issue_token("admin", name="browser")
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Any]:
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as pw:
-        browser = await pw.chromium.launch(
-            executable_path=CHROMIUM,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--disable-quic",
-                "--no-first-run",
-            ],
-        )
-        yield browser
-        await browser.close()
 
 
 async def login(browser: Any, site: GatewayProcess, username: str = STAFF) -> Any:

@@ -24,12 +24,12 @@ from typing import Any
 
 import pytest
 
-from tests.browser.test_dashboard import _browser_missing, browser  # noqa: F401 - the fixture
-from tests.databases import ROOT, sqlite_database
-from tests.integration.conftest import REDIS_URL, redis_unavailable
-from tests.integration.harness import GatewayProcess, Socket, ahttp
+from tests.support.browsers import browser_missing
+from tests.support.clients import Socket, ahttp
+from tests.support.databases import REDIS_URL, ROOT, redis_unavailable, sqlite_database
+from tests.support.gateways import GatewayProcess
 
-pytestmark = pytest.mark.skipif(_browser_missing() is not None, reason=str(_browser_missing()))
+pytestmark = pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
 
 DOC = ROOT / "docs" / "clients.md"
 SIGNING_KEY = "browser-test-signing-key-0123456789abcdef"
@@ -164,7 +164,7 @@ async def topic_history_supported(site: GatewayProcess, admin: str, topic: str) 
 
 
 async def test_example_page_subscribes_works_a_queue_and_enqueues(
-    browser: Any,  # noqa: F811 - the fixture
+    browser: Any,
     site: GatewayProcess,
     admin: str,
     page_token: str,
@@ -214,7 +214,7 @@ async def test_example_page_subscribes_works_a_queue_and_enqueues(
 
 
 async def test_socket_closed_by_the_gateway_resumes_without_gap_or_is_told(
-    browser: Any,  # noqa: F811 - the fixture
+    browser: Any,
     site: GatewayProcess,
     admin: str,
     page_token: str,
@@ -302,7 +302,7 @@ async def restart_under_the_page(
 
 
 async def test_gateway_restart_loses_in_process_history_and_the_page_is_told(
-    browser: Any,  # noqa: F811 - the fixture
+    browser: Any,
     site: GatewayProcess,
     admin: str,
     page_token: str,
@@ -341,7 +341,7 @@ def redis_site() -> Iterator[GatewayProcess]:
 
 
 async def test_gateway_restart_with_history_in_redis_resumes_without_gap(
-    browser: Any,  # noqa: F811 - the fixture
+    browser: Any,
     redis_site: GatewayProcess,
 ) -> None:
     admin = redis_site.issue_token("admin", name="admin")
@@ -365,7 +365,7 @@ def mint(sub: str, scopes: tuple[str, ...], ttl: float) -> str:
 
 
 async def test_signed_token_of_a_non_staff_user_is_refreshed_and_works_a_queue(
-    browser: Any,  # noqa: F811 - the fixture
+    browser: Any,
     site: GatewayProcess,
     admin: str,
 ) -> None:
@@ -481,7 +481,7 @@ async ({ token }) => {
 
 
 async def test_page_worker_controls_and_typed_errors(
-    browser: Any,  # noqa: F811 - the fixture
+    browser: Any,
     site: GatewayProcess,
     admin: str,
 ) -> None:
@@ -518,7 +518,7 @@ async def test_page_worker_controls_and_typed_errors(
 
 
 async def test_revoked_token_closes_with_4401_and_the_page_reconnects_with_a_new_one(
-    browser: Any,  # noqa: F811 - the fixture
+    browser: Any,
     site: GatewayProcess,
     admin: str,
 ) -> None:
@@ -584,7 +584,7 @@ async ({ token }) => {
 
 
 async def test_an_async_on_message_holds_credit_and_drops_are_reported(
-    browser: Any,  # noqa: F811 - the fixture
+    browser: Any,
     site: GatewayProcess,
     admin: str,
 ) -> None:
@@ -677,7 +677,7 @@ async ({ good }) => {
 
 
 async def test_a_refused_token_is_an_auth_error_not_an_outage(
-    browser: Any,  # noqa: F811 - the fixture
+    browser: Any,
     site: GatewayProcess,
     admin: str,
     page_token: str,

@@ -17,15 +17,12 @@ from typing import Any
 
 import pytest
 
-from tests.browser.test_dashboard import CHROMIUM, PASSWORD, STAFF, browser
-from tests.databases import sqlite_database
-from tests.integration.harness import GatewayProcess, Socket, ahttp, unique
+from tests.support.browsers import PASSWORD, STAFF, browser_missing
+from tests.support.clients import Socket, ahttp, unique
+from tests.support.databases import sqlite_database
+from tests.support.gateways import GatewayProcess
 
-__all__ = ["browser"]  # the fixture, shared with test_dashboard
-
-pytestmark = pytest.mark.skipif(
-    not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM} (see test_dashboard)"
-)
+pytestmark = pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
 
 PAYLOADS = [
     "<img src=x onerror=alert(1)>",

@@ -31,8 +31,9 @@ from urllib.parse import urlsplit
 from websockets.asyncio.client import connect
 
 from tests.cluster.netns import Host
-from tests.databases import ROOT, base_env
-from tests.integration.harness import Socket, haproxy_path, http
+from tests.support.clients import Socket, http
+from tests.support.databases import ROOT, base_env
+from tests.support.gateways import haproxy_path
 
 __all__ = [
     "Balancer",

@@ -37,7 +37,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from tests.cluster.deploy import Deployment
 from tests.cluster.services import open_socket, request
-from tests.integration.harness import Socket, unique
+from tests.support.clients import Socket, unique
 
 pytestmark = pytest.mark.slow
 

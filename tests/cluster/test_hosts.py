@@ -21,7 +21,7 @@ import pytest
 
 from tests.cluster.deploy import Deployment
 from tests.cluster.services import open_socket, request
-from tests.integration.harness import Socket, unique
+from tests.support.clients import Socket, unique
 
 pytestmark = pytest.mark.slow
 

@@ -42,7 +42,7 @@ from websockets.exceptions import ConnectionClosed
 
 from tests.cluster.deploy import Deployment
 from tests.cluster.services import GATEWAY_PORT, open_socket
-from tests.integration.harness import Socket, unique
+from tests.support.clients import Socket, unique
 
 pytestmark = pytest.mark.slow
 

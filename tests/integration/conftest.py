@@ -1,21 +1,20 @@
 """Gateway processes per backend: SQLite always, PostgreSQL when it answers.
 
-Redis (for the scale-out tests) is needed only by the tests that ask for
-``redis_url``; they are skipped with the reason shown when it does not answer.
+The processes and databases come from :mod:`tests.support`; Redis (for the
+scale-out tests) from the ``redis_url`` fixture of ``tests/conftest.py``.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.databases import postgres_database, postgres_unavailable, sqlite_database
-from tests.integration.harness import GatewayProcess, default_server
+from tests.support.databases import postgres_database, postgres_unavailable, sqlite_database
+from tests.support.gateways import GatewayProcess, default_server
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
@@ -87,33 +86,3 @@ def postgres_env() -> Iterator[tuple[dict[str, str], Path]]:
     var = Path(tempfile.mkdtemp(prefix="leasecast-pg-"))
     with postgres_database(var) as env:
         yield env, var
-
-
-REDIS_URL = os.environ.get("LEASECAST_TEST_REDIS", "redis://127.0.0.1:6379/0")
-
-
-def redis_unavailable(url: str = REDIS_URL) -> str | None:
-    """Why the Redis server at ``url`` cannot be used (it does not answer PING), or None."""
-    import redis
-
-    try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
-        try:
-            client.ping()
-        finally:
-            client.close()
-    except Exception as exc:
-        return f"Redis at {url} does not answer: {type(exc).__name__}: {exc}"
-    return None
-
-
-@pytest.fixture(scope="module")
-def redis_url() -> str:
-    """The Redis server's URL; skips (reason shown) when it does not answer.
-
-    Needs nothing else: no PostgreSQL.
-    """
-    reason = redis_unavailable()
-    if reason:
-        pytest.skip(reason)
-    return REDIS_URL

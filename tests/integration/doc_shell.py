@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.databases import ROOT
+from tests.support.databases import ROOT
 
 MARK = "__doc_shell_done__"
 

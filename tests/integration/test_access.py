@@ -39,8 +39,9 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from tests.databases import ROOT, base_env, sqlite_database
-from tests.integration.harness import GatewayProcess, Socket, ahttp, both_servers, http, unique
+from tests.support.clients import Socket, ahttp, http, unique
+from tests.support.databases import ROOT, base_env, sqlite_database
+from tests.support.gateways import GatewayProcess, both_servers
 
 STAFF, DEMOTED, PASSWORD = "ops", "demoted", "correct horse battery"
 LOGIN_PATH = "/admin/login/"

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.databases import sqlite_database
-from tests.integration.harness import GatewayProcess, http
 from tests.integration.test_access import PASSWORD, Client
+from tests.support.clients import http
+from tests.support.databases import sqlite_database
+from tests.support.gateways import GatewayProcess
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import GatewayProcess, http, unique
+from tests.support.clients import http, unique
+from tests.support.gateways import GatewayProcess
 
 
 @pytest.fixture(scope="module")

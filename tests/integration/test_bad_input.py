@@ -8,7 +8,8 @@ import json
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from tests.integration.harness import GatewayProcess, Socket, ahttp, both_servers, http, unique
+from tests.support.clients import Socket, ahttp, http, unique
+from tests.support.gateways import GatewayProcess, both_servers
 
 BAD_FRAMES = [
     ("not json at all", "bad_frame"),

@@ -37,16 +37,9 @@ from typing import Any
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from tests.databases import sqlite_database
-from tests.integration.harness import (
-    SERVERS,
-    Balancer,
-    GatewayProcess,
-    Socket,
-    ahttp,
-    haproxy_unavailable,
-    unique,
-)
+from tests.support.clients import Socket, ahttp, unique
+from tests.support.databases import sqlite_database
+from tests.support.gateways import SERVERS, Balancer, GatewayProcess, haproxy_unavailable
 
 pytestmark = pytest.mark.slow
 

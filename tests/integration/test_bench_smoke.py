@@ -23,8 +23,9 @@ from bench.spark import Result as SparkResult
 from bench.spark import partition_poster, price_of_exactly_once
 from bench.spark import table as spark_table
 from bench.workqueue import LeasecastTarget
-from tests.databases import ROOT, sqlite_database
-from tests.integration.harness import GatewayProcess, http
+from tests.support.clients import http
+from tests.support.databases import ROOT, sqlite_database
+from tests.support.gateways import GatewayProcess
 
 
 def bench(*args: str, timeout: float) -> str:
@@ -166,8 +167,7 @@ def test_spark_table_reports_the_price_of_exactly_once() -> None:
 
 def test_topics_bench_resumes_in_order_and_completes_every_round() -> None:
     """``bench.topics --quick``: each resume recovered, every offset once; no round short."""
-    from tests.databases import postgres_unavailable
-    from tests.integration.conftest import redis_unavailable
+    from tests.support.databases import postgres_unavailable, redis_unavailable
 
     reason = postgres_unavailable() or redis_unavailable()
     if reason:
@@ -237,7 +237,7 @@ def test_headline_tables_replace_what_lies_between_the_markers(tmp_path: Path) -
 
 def test_a_peer_whose_server_does_not_answer_is_skipped_with_the_reason() -> None:
     """NATS and Mosquitto pointed at a port nobody listens on: the run goes on without them."""
-    from tests.integration.harness import free_port
+    from tests.support.gateways import free_port
 
     port = str(free_port())
     done = subprocess.run(

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import GatewayProcess, ahttp, unique
 from tests.integration.wq11 import (
     BLOCK_WAIT,
     NARROW,
@@ -33,6 +32,8 @@ from tests.integration.wq11 import (
     stats,
     worker,
 )
+from tests.support.clients import ahttp, unique
+from tests.support.gateways import GatewayProcess
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])

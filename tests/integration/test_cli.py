@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.databases import ROOT
-from tests.integration.harness import GatewayProcess, http, unique
+from tests.support.clients import http, unique
+from tests.support.databases import ROOT
+from tests.support.gateways import GatewayProcess
 
 LEASECAST = str(Path(sys.executable).parent / "leasecast")
 

@@ -20,8 +20,9 @@ import pytest
 from leasecast import EnqueueResult, Producer, Subscriber, Worker
 
 from gateway.core.errors import Forbidden, ProtocolError, StaleReceipt, Unauthorized
-from tests.databases import ROOT
-from tests.integration.harness import GatewayProcess, Socket, ahttp, unique
+from tests.support.clients import Socket, ahttp, unique
+from tests.support.databases import ROOT
+from tests.support.gateways import GatewayProcess
 
 
 async def test_worker_iterates_and_ends_leases(gateway: GatewayProcess, admin_token: str) -> None:

@@ -24,8 +24,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.databases import ROOT
-from tests.integration.harness import GatewayProcess, unique
+from tests.support.clients import unique
+from tests.support.databases import ROOT
+from tests.support.gateways import GatewayProcess
 
 CLIENT = ROOT / "clients" / "python"
 

@@ -7,8 +7,8 @@ the scopes it lists.
 
 from __future__ import annotations
 
-from tests.integration.harness import GatewayProcess
 from tests.integration.test_clients_doc_raw import run_example
+from tests.support.gateways import GatewayProcess
 
 
 def test_python_example_runs_against_a_live_gateway_twice_in_a_row(

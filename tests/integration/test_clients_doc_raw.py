@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from tests.databases import ROOT
-from tests.integration.harness import GatewayProcess, Socket, ahttp
+from tests.support.clients import Socket, ahttp
+from tests.support.databases import ROOT
+from tests.support.gateways import GatewayProcess
 
 DOC = ROOT / "docs" / "clients.md"
 

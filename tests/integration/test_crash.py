@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import time
 
-from tests.integration.harness import GatewayProcess, Socket, ahttp, unique
+from tests.support.clients import Socket, ahttp, unique
+from tests.support.gateways import GatewayProcess
 
 
 async def _produce(

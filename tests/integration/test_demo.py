@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from gateway.site.demo import spark_missing
-from tests.databases import ROOT, base_env, manage
-from tests.integration.harness import free_port, http
+from tests.support.clients import http
+from tests.support.databases import ROOT, base_env, manage
+from tests.support.gateways import free_port
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:

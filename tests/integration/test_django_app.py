@@ -24,13 +24,9 @@ from typing import Any
 
 import pytest
 
-from tests.databases import (
-    ROOT,
-    postgres_database,
-    postgres_unavailable,
-    sqlite_database,
-)
-from tests.integration.harness import DAPHNE, GatewayProcess, Socket, ahttp, http
+from tests.support.clients import Socket, ahttp, http
+from tests.support.databases import ROOT, postgres_database, postgres_unavailable, sqlite_database
+from tests.support.gateways import DAPHNE, GatewayProcess
 
 SHOP = ROOT / "examples" / "shop"
 

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from tests.databases import sqlite_database
-from tests.integration.harness import GatewayProcess, Socket, ahttp, unique
+from tests.support.clients import Socket, ahttp, unique
+from tests.support.databases import sqlite_database
+from tests.support.gateways import GatewayProcess
 
 
 @pytest.fixture(scope="module", params=["daphne", "uvicorn"])
@@ -267,7 +268,7 @@ async def test_cli_subscribe_prints_messages(hub: GatewayProcess, token: str) ->
     import subprocess
     import sys
 
-    from tests.databases import ROOT
+    from tests.support.databases import ROOT
 
     topic = unique("t")
     env = {"PATH": "/usr/bin:/bin", "LEASECAST_URL": hub.http, "LEASECAST_TOKEN": token}

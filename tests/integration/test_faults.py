@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.databases import PG_ADMIN_URL, postgres_unavailable
-from tests.integration.conftest import REDIS_URL, redis_unavailable
-from tests.integration.harness import GatewayProcess, Socket, ahttp, gateways_on_redis, unique
+from tests.support.clients import Socket, ahttp, unique
+from tests.support.databases import PG_ADMIN_URL, REDIS_URL, postgres_unavailable, redis_unavailable
+from tests.support.gateways import GatewayProcess, gateways_on_redis
 
 ROUNDS = 20
 

@@ -47,7 +47,8 @@ from hypothesis import strategies as st
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from tests.integration.harness import GatewayProcess, Socket, ahttp, http, unique
+from tests.support.clients import Socket, ahttp, http, unique
+from tests.support.gateways import GatewayProcess
 
 # -- the socket kinds -------------------------------------------------------------
 

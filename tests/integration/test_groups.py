@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import GatewayProcess, ahttp, unique
 from tests.integration.wq11 import (
     Deployment,
     ack,
@@ -28,6 +27,8 @@ from tests.integration.wq11 import (
     stats,
     worker,
 )
+from tests.support.clients import ahttp, unique
+from tests.support.gateways import GatewayProcess
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import GatewayProcess, Socket, unique
 from tests.integration.wq11 import (
     Deployment,
     ack,
@@ -30,6 +29,8 @@ from tests.integration.wq11 import (
     stats,
     worker,
 )
+from tests.support.clients import Socket, unique
+from tests.support.gateways import GatewayProcess
 
 
 @pytest.fixture(scope="module")

@@ -29,8 +29,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.databases import PG_ADMIN_URL, ROOT, postgres_unavailable
-from tests.integration.harness import DAPHNE, GatewayProcess, http
+from tests.support.clients import http
+from tests.support.databases import PG_ADMIN_URL, ROOT, postgres_unavailable
+from tests.support.gateways import DAPHNE, GatewayProcess
 
 DOC = ROOT / "docs" / "tasks.md"
 PASSWORD = "a-long-operator-password-1"

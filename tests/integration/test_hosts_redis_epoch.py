@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.integration.harness import Socket, gateways_on_redis, unique
+from tests.support.clients import Socket, unique
+from tests.support.gateways import gateways_on_redis
 
 CLOSE_NEW_EPOCH = 4409
 

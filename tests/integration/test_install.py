@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.databases import ROOT
+from tests.support.databases import ROOT
 
 #: The current Django release, which the gateway must accept.
 CURRENT_DJANGO = "6.1"

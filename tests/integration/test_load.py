@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import GatewayProcess, Socket, ahttp, unique
+from tests.support.clients import Socket, ahttp, unique
+from tests.support.gateways import GatewayProcess
 
 WORKERS = 500
 SUBSCRIBERS = 500

@@ -20,8 +20,9 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from gateway.access.tokens import signed_token
-from tests.databases import sqlite_database
-from tests.integration.harness import SERVERS, GatewayProcess, unique
+from tests.support.clients import unique
+from tests.support.databases import sqlite_database
+from tests.support.gateways import SERVERS, GatewayProcess
 
 KEY = "redaction-signing-key-" + "0123456789abcdef" * 3
 

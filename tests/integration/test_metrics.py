@@ -26,8 +26,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.databases import ROOT, postgres_database, postgres_unavailable
-from tests.integration.harness import GatewayProcess, Socket, ahttp, http, unique
+from tests.support.clients import Socket, ahttp, http, unique
+from tests.support.databases import ROOT, postgres_database, postgres_unavailable
+from tests.support.gateways import GatewayProcess
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

@@ -33,8 +33,9 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from tests.databases import sqlite_database
-from tests.integration.harness import GatewayProcess, Socket, ahttp, unique
+from tests.support.clients import Socket, ahttp, unique
+from tests.support.databases import sqlite_database
+from tests.support.gateways import GatewayProcess
 
 BODY_BYTES = 8 * 1024
 CAPACITY = 1000

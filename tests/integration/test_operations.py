@@ -27,7 +27,8 @@ from gateway.core.protocol import EnqueueSpec
 from gateway.host import operations
 from gateway.models import Message, Queue
 from gateway.store import SQLITE, Ack, AckResult, Enqueue, Lease, Nack, Stats, Store
-from tests.integration.harness import GatewayProcess, Socket, ahttp, unique
+from tests.support.clients import Socket, ahttp, unique
+from tests.support.gateways import GatewayProcess
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.databases import base_env, manage
-from tests.integration.harness import GatewayProcess, http
+from tests.support.clients import http
+from tests.support.databases import base_env, manage
+from tests.support.gateways import GatewayProcess
 
 
 def mode(path: Path) -> int:

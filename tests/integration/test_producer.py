@@ -40,8 +40,9 @@ import gateway as leasecast
 from gateway.core.errors import Backpressure, BadFrame, Invalid, QueueFull, TooLarge
 from gateway.models import Message, Token
 from gateway.store import on_django
-from tests.databases import ROOT, sqlite_database
-from tests.integration.harness import GatewayProcess, Socket, ahttp, both_servers, http, unique
+from tests.support.clients import Socket, ahttp, http, unique
+from tests.support.databases import ROOT, sqlite_database
+from tests.support.gateways import GatewayProcess, both_servers
 
 T = TypeVar("T")
 

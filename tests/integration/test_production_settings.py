@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.databases import ROOT, sqlite_database
-from tests.integration.harness import GatewayProcess
+from tests.support.databases import ROOT, sqlite_database
+from tests.support.gateways import GatewayProcess
 
 HOST = "gw.example.com"
 ORIGIN = f"https://{HOST}"

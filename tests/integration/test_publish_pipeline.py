@@ -24,10 +24,11 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.typing import Origin
 
-from tests.databases import sqlite_database
-from tests.integration.harness import GatewayProcess, Socket, gateways_on_redis, unique
 from tests.integration.test_fanout import collect
 from tests.integration.test_scaleout import b_hears_a
+from tests.support.clients import Socket, unique
+from tests.support.databases import sqlite_database
+from tests.support.gateways import GatewayProcess, gateways_on_redis
 
 #: Publish frames sent back to back, no reply awaited in between.
 PIPELINED = 200

@@ -18,9 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.databases import ROOT, manage, sqlite_database
 from tests.integration.doc_shell import Shell, sh_commands
-from tests.integration.harness import GatewayProcess, http
+from tests.support.clients import http
+from tests.support.databases import ROOT, manage, sqlite_database
+from tests.support.gateways import GatewayProcess
 
 README = ROOT / "README.md"
 

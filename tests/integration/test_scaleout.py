@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import GatewayProcess, Socket, ahttp, gateways_on_redis, unique
 from tests.integration.test_fanout import collect
+from tests.support.clients import Socket, ahttp, unique
+from tests.support.gateways import GatewayProcess, gateways_on_redis
 
 BLOCK = "block"
 

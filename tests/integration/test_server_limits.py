@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.databases import sqlite_database
-from tests.integration.harness import SERVERS, GatewayProcess
+from tests.support.databases import sqlite_database
+from tests.support.gateways import SERVERS, GatewayProcess
 
 MIB = 1024 * 1024
 #: What the client offers: far over the 16 MiB default limit, and far over

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.databases import sqlite_database
-from tests.integration.harness import GatewayProcess, Socket, unique
 from tests.integration.test_access import PASSWORD, Client, open_socket, own_origin
+from tests.support.clients import Socket, unique
+from tests.support.databases import sqlite_database
+from tests.support.gateways import GatewayProcess
 
 #: The protocol's bound on closing a socket whose session lost its rights.
 BOUND = 5.0

@@ -35,8 +35,9 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from gateway.access.tokens import signed_token
-from tests.databases import ROOT, sqlite_database
-from tests.integration.harness import GatewayProcess, Socket, ahttp, http, unique
+from tests.support.clients import Socket, ahttp, http, unique
+from tests.support.databases import ROOT, sqlite_database
+from tests.support.gateways import GatewayProcess
 
 KEY = "integration-signing-key-" + "9f8e7d6c5b4a3210" * 3
 #: The protocol's bound on closing a revoked token's sockets and refusing its requests.

@@ -25,8 +25,9 @@ from typing import Any
 
 import pytest
 
-from tests.databases import ROOT
-from tests.integration.harness import GatewayProcess, http, unique
+from tests.support.clients import http, unique
+from tests.support.databases import ROOT
+from tests.support.gateways import GatewayProcess
 
 TASKS = "tests.tasksite.tasks"
 FINISHED = ("SUCCESSFUL", "FAILED")

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 import redis
 
-from tests.databases import postgres_database, postgres_unavailable, sqlite_database
-from tests.integration.harness import GatewayProcess, Socket, ahttp, unique
+from tests.support.clients import Socket, ahttp, unique
+from tests.support.databases import postgres_database, postgres_unavailable, sqlite_database
+from tests.support.gateways import GatewayProcess
 
 
 @dataclass

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.integration.harness import GatewayProcess, Socket, ahttp, unique
+from tests.support.clients import Socket, ahttp, unique
+from tests.support.gateways import GatewayProcess
 
 
 async def test_stage_commit_is_atomic_idempotent_and_wakes_workers(

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import GatewayProcess, Socket, unique
+from tests.support.clients import Socket, unique
+from tests.support.gateways import GatewayProcess
 
 
 @pytest.fixture

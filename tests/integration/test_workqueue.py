@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from tests.integration.harness import GatewayProcess, Socket, ahttp, both_servers, unique
+from tests.support.clients import Socket, ahttp, unique
+from tests.support.gateways import GatewayProcess, both_servers
 
 
 async def worker(gw: GatewayProcess, token: str, queue: str, **params: object) -> Socket:

@@ -16,7 +16,6 @@ from urllib.parse import urlencode
 
 import pytest
 
-from tests.integration.harness import GatewayProcess, Socket, ahttp, unique
 from tests.integration.wq11 import (
     BROWSE_FIELDS,
     NARROW,
@@ -34,6 +33,8 @@ from tests.integration.wq11 import (
     stats,
     worker,
 )
+from tests.support.clients import Socket, ahttp, unique
+from tests.support.gateways import GatewayProcess
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])

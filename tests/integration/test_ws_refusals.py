@@ -26,8 +26,9 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from gateway.access.tokens import signed_token
-from tests.databases import sqlite_database
-from tests.integration.harness import GatewayProcess, both_servers, unique
+from tests.support.clients import unique
+from tests.support.databases import sqlite_database
+from tests.support.gateways import GatewayProcess, both_servers
 
 KEY = "refusal-signing-key-" + "0123456789abcdef" * 3
 ROUTES = ("/ws/queues/jobs/", "/ws/produce/", "/ws/topics/news/", "/ws/dashboard/", "/ws/nowhere/")

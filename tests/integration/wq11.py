@@ -18,8 +18,9 @@ from urllib.parse import urlencode
 
 import pytest
 
-from tests.databases import postgres_database, postgres_unavailable, sqlite_database
-from tests.integration.harness import GatewayProcess, Socket, ahttp
+from tests.support.clients import Socket, ahttp
+from tests.support.databases import postgres_database, postgres_unavailable, sqlite_database
+from tests.support.gateways import GatewayProcess
 
 #: The gateway's ``GATEWAY_BLOCK_WAIT`` (seconds) in these tests: short.
 BLOCK_WAIT = 3.0

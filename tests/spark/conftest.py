@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from tests.databases import sqlite_database
-from tests.integration.harness import GatewayProcess, http
+from tests.support.clients import http
+from tests.support.databases import sqlite_database
+from tests.support.gateways import GatewayProcess
 
 
 def spark_missing() -> str | None:

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.databases import ROOT
-from tests.integration.harness import GatewayProcess, unique
 from tests.spark.conftest import drain_ids, sqlite_gateway, visible, write_files
+from tests.support.clients import unique
+from tests.support.databases import ROOT
+from tests.support.gateways import GatewayProcess
 
 ROWS = 10_000
 

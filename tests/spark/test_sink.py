@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from tests.integration.harness import GatewayProcess, http, unique
 from tests.spark.conftest import drain_ids, visible, write_files
+from tests.support.clients import http, unique
+from tests.support.gateways import GatewayProcess
 
 
 def run_stream(

@@ -13,8 +13,8 @@ import pytest
 
 from gateway.core.leases import QueueSettings
 from gateway.store import POSTGRESQL, SQLITE, Store
-from tests.databases import postgres_database, postgres_unavailable, sqlite_database
-from tests.unit.test_leases import FakeClock
+from tests.support.databases import postgres_database, postgres_unavailable, sqlite_database
+from tests.support.fakes import FakeClock
 
 _names = itertools.count()
 

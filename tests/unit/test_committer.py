@@ -17,7 +17,7 @@ from gateway.core.errors import Backpressure, StaleReceipt
 from gateway.core.protocol import EnqueueSpec
 from gateway.engine.committer import Committer
 from gateway.store import SQLITE, Ack, Enqueue, Op, Result, Store
-from tests.databases import sqlite_database
+from tests.support.databases import sqlite_database
 
 
 class GatedStore(Store):

@@ -44,7 +44,7 @@ def test_a_connection_to_a_multi_host_url_tries_the_hosts_in_order() -> None:
     """psycopg (libpq's rules) gets the lists: the first host refuses, the second is used."""
     import psycopg
 
-    from tests.databases import PG_ADMIN_URL, postgres_unavailable
+    from tests.support.databases import PG_ADMIN_URL, postgres_unavailable
 
     reason = postgres_unavailable()
     if reason:

@@ -11,7 +11,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from tests.databases import ROOT
+from tests.support.databases import ROOT
 
 DESIGN = ROOT / "docs" / "design.md"
 # Built from parts so this file does not match itself.

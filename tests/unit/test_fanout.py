@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.core.fanout import Dispatcher, Offer, Policy, RateMeter, Subscription
-from tests.unit.test_leases import FakeClock
+from tests.support.fakes import FakeClock
 
 
 def body(i: int) -> bytes:

@@ -43,8 +43,8 @@ from gateway.store import (
 from gateway.store.dialects import Statement
 from gateway.store.groups import settle
 from gateway.store.txn import Txn
-from tests.databases import postgres_database, postgres_unavailable
-from tests.unit.test_leases import FakeClock
+from tests.support.databases import postgres_database, postgres_unavailable
+from tests.support.fakes import FakeClock
 
 pytestmark = pytest.mark.postgres
 

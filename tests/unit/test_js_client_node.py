@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from tests.databases import ROOT
+from tests.support.databases import ROOT
 
 JS_TESTS = ROOT / "clients" / "js" / "test"
 

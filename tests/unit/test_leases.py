@@ -15,19 +15,7 @@ from gateway.core.leases import (
     parse_receipt,
     release_state,
 )
-
-
-class FakeClock:
-    """A clock the test moves by hand."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from tests.support.fakes import FakeClock
 
 
 @pytest.mark.parametrize(

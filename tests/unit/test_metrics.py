@@ -31,7 +31,7 @@ from gateway.store import (
     Stage,
     Store,
 )
-from tests.unit.test_leases import FakeClock
+from tests.support.fakes import FakeClock
 from tests.unit.test_store import msg, one
 
 # -- the store's counters -------------------------------------------------------------
@@ -280,7 +280,7 @@ def test_queue_figures_from_the_database(database: tuple[str, Any], queue: str) 
 
 @pytest.fixture
 def redis_client() -> Any:
-    from tests.integration.conftest import REDIS_URL, redis_unavailable
+    from tests.support.databases import REDIS_URL, redis_unavailable
 
     reason = redis_unavailable()
     if reason:

@@ -36,7 +36,7 @@ from hypothesis.stateful import (
 )
 
 from gateway.core.fanout import MAX_CREDIT, Dispatcher, Policy, RateMeter, Subscription
-from tests.unit.test_leases import FakeClock
+from tests.support.fakes import FakeClock
 
 TOPICS = ("a", "b")
 WINDOW = 5  # RateMeter's default window

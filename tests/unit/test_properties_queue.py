@@ -100,7 +100,7 @@ from gateway.store import (
     Stats,
     Store,
 )
-from tests.unit.test_leases import FakeClock
+from tests.support.fakes import FakeClock
 
 READY, LEASED, DEAD, DELAYED, WAITING = StoredState
 HEADS = (READY, LEASED, DELAYED)

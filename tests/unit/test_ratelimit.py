@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.core.ratelimit import ADMITTED, Decision, RateLimits, TokenBucket, TokenLimiter
-from tests.unit.test_leases import FakeClock
+from tests.support.fakes import FakeClock
 
 
 def limiter(clock: FakeClock, **limits: float) -> TokenLimiter:

@@ -27,7 +27,7 @@ from gateway.store import (
     Stats,
     Store,
 )
-from tests.unit.test_leases import FakeClock
+from tests.support.fakes import FakeClock
 
 
 def msg(

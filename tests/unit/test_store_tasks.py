@@ -16,7 +16,7 @@ import orjson
 from gateway.core.errors import StaleReceipt
 from gateway.core.protocol import EnqueueSpec, TaskOutcome
 from gateway.store import Ack, Enqueue, Lease, LeaseResult, Nack, Store
-from tests.unit.test_leases import FakeClock
+from tests.support.fakes import FakeClock
 
 
 def _task(store: Store, queue: str, task_id: str) -> str:

@@ -32,7 +32,7 @@ from gateway.store import (
     Stats,
     Store,
 )
-from tests.unit.test_leases import FakeClock
+from tests.support.fakes import FakeClock
 from tests.unit.test_store import lease, msg, one
 
 

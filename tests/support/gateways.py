@@ -1,0 +1,352 @@
+"""Gateway deployments for the tests: real gateway processes, two on one Redis, haproxy.
+
+A :class:`GatewayProcess` is the gateway as an operator runs it (``python -m
+gateway.serve``, daphne or uvicorn) on a free loopback port, with its own
+``var/`` directory and log; :func:`gateways_on_redis` starts two sharing topics
+through Redis; :class:`Balancer` puts haproxy in front of some. The databases
+they run on come from :mod:`tests.support.databases`; clients that talk to
+them from :mod:`tests.support.clients`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.support.databases import ROOT, manage, sqlite_database
+
+__all__ = [
+    "DAPHNE",
+    "SERVERS",
+    "UVICORN",
+    "Balancer",
+    "GatewayProcess",
+    "both_servers",
+    "default_server",
+    "free_port",
+    "gateways_on_redis",
+    "haproxy_path",
+    "haproxy_unavailable",
+]
+
+# daphne as `make run` starts it (gateway/server/serve.py).
+DAPHNE = (sys.executable, "-m", "gateway.serve")
+UVICORN = (
+    sys.executable,
+    "-m",
+    "uvicorn",
+    "gateway.asgi:application",
+    "--host",
+    "127.0.0.1",
+    "--ws",
+    "websockets",
+    "--lifespan",
+    "off",
+    "--log-level",
+    "warning",
+    "--ws-max-size",
+    str(8 * 1024 * 1024),
+)
+
+
+# The ASGI servers the gateway is tested under. A test runs under daphne unless
+# it (or its fixture) asks for another; LEASECAST_TEST_SERVER=uvicorn runs every
+# gateway that does not name its server under uvicorn (the whole suite, by hand).
+SERVERS = ("daphne", "uvicorn")
+
+
+# Runs a test under each server, each with its own module-scoped ``gateway``
+# (conftest.py ``gateway_server``). The full suite runs under daphne; the tests
+# marked with this are the uvicorn subset of `make test` (docs/operations.md).
+both_servers = pytest.mark.parametrize("gateway_server", SERVERS, indirect=True)
+
+
+def default_server() -> str:
+    """The server of a gateway that does not name one: ``$LEASECAST_TEST_SERVER`` or daphne."""
+    server = os.environ.get("LEASECAST_TEST_SERVER", "daphne")
+    if server not in SERVERS:
+        raise ValueError(f"LEASECAST_TEST_SERVER={server!r}: not one of {SERVERS}")
+    return server
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class GatewayProcess:
+    """One daphne process serving ``gateway.asgi`` on a free loopback port."""
+
+    def __init__(
+        self, env: dict[str, str], var_dir: Path, name: str = "gw", server: str | None = None
+    ) -> None:
+        self.server = server or default_server()
+        self.env = dict(env)
+        self.var_dir = var_dir
+        self.name = name
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = var_dir / f"{name}-{self.port}.log"
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start daphne and wait until ``/healthz`` answers."""
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child process owns it
+        self.proc = subprocess.Popen(
+            self.command(),
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited: {self.log_path.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.http}/healthz", timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, OSError):
+                time.sleep(0.1)
+        raise RuntimeError(f"gateway did not become healthy: {self.log_path.read_text()[-3000:]}")
+
+    def command(self) -> list[str]:
+        """The server's command line."""
+        if self.server == "uvicorn":
+            # As docs/operations.md says to run it: gateway.serve gives uvicorn
+            # the frame limit, heartbeats (GATEWAY_PING_*) and shutdown grace.
+            return [
+                *DAPHNE,
+                "--server",
+                "uvicorn",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "--log-level",
+                "warning",
+                "gateway.asgi:application",
+            ]
+        return [*DAPHNE, "-b", "127.0.0.1", "-p", str(self.port), "gateway.asgi:application"]
+
+    def kill(self) -> None:
+        """``kill -9``: no shutdown of any kind."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        """A polite stop, then a hard one."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def manage(self, *args: str) -> str:
+        """``manage.py`` against this gateway's database."""
+        return manage(self.env, *args)
+
+    def issue_token(self, *scopes: str, name: str = "test") -> str:
+        """A token with ``scopes`` (the last line of ``issue_token``'s output)."""
+        args = [arg for scope in scopes for arg in ("--scope", scope)]
+        return self.manage("issue_token", name, *args).strip().splitlines()[-1]
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@contextmanager
+def gateways_on_redis(
+    var: Path, redis_url: str, **settings: str
+) -> Iterator[tuple[GatewayProcess, GatewayProcess, str]]:
+    """Gateways A and B sharing topics through ``redis_url``, and an admin token.
+
+    Each has its own SQLite file (docs/operations.md: never two processes on
+    one file) holding the same token; the Redis groups are this call's own, so
+    other runs on the same Redis do not interfere. ``settings`` are extra
+    environment variables of both processes (``GATEWAY_BLOCK_WAIT=...``).
+    """
+    with sqlite_database(var) as env:
+        token = manage(env, "issue_token", "pair", "--scope", "admin").strip().splitlines()[-1]
+        env.update(REDIS_URL=redis_url, GATEWAY_REDIS_PREFIX=f"lct{uuid.uuid4().hex[:8]}")
+        env.update(settings)
+        b_file = var / "b.sqlite3"
+        with (
+            closing(sqlite3.connect(env["GATEWAY_SQLITE_PATH"])) as source,
+            closing(sqlite3.connect(b_file)) as target,
+        ):
+            source.backup(target)  # B's own database, with the same token
+        a = GatewayProcess(env, var, name="a")
+        b = GatewayProcess({**env, "GATEWAY_SQLITE_PATH": str(b_file)}, var, name="b")
+        a.start()
+        try:
+            b.start()
+            yield a, b, token
+        finally:
+            a.stop()
+            b.stop()
+
+
+def haproxy_path() -> str | None:
+    """haproxy's executable: on PATH, or Debian's /usr/sbin (not on a user's PATH)."""
+    return shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
+
+
+def haproxy_unavailable() -> str | None:
+    """Why haproxy cannot be started here (not installed), or None."""
+    if haproxy_path() is None:
+        return "haproxy is not installed (`make balancer` installs Debian's package)"
+    return None
+
+
+class Balancer:
+    """haproxy in front of gateway processes, on a free loopback port, from a generated config.
+
+    WebSockets pass through (HTTP mode upgrades them), each server is checked
+    with ``GET /healthz`` every ``check_ms``, and a connection a server refuses
+    is retried on another (``option redispatch``), as a deployment would.
+    A stats page on its own port tells which servers haproxy sees as up.
+    """
+
+    def __init__(
+        self, servers: list[GatewayProcess], var_dir: Path, name: str = "lb", check_ms: int = 200
+    ) -> None:
+        self.servers = servers
+        self.var_dir = var_dir
+        self.name = name
+        self.check_ms = check_ms
+        self.port = free_port()
+        self.stats_port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.config_path = var_dir / f"{name}-{self.port}.cfg"
+        self.log_path = var_dir / f"{name}-{self.port}.log"
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def config(self) -> str:
+        """The haproxy configuration: one frontend, the gateways, a stats page."""
+        servers = "\n".join(
+            f"    server {gw.name} 127.0.0.1:{gw.port} check" for gw in self.servers
+        )
+        ms = self.check_ms
+        return f"""\
+global
+    # two descriptors per connection: within a default 20,000 descriptor limit
+    maxconn 4000
+
+defaults
+    mode http
+    timeout connect 1s
+    timeout client 60s
+    timeout server 60s
+    # an upgraded WebSocket lives as long as its client
+    timeout tunnel 1h
+    timeout http-keep-alive 5s
+    # a connection a stopping server refuses goes to another one
+    retries 3
+    option redispatch 1
+
+frontend gateways
+    bind 127.0.0.1:{self.port}
+    default_backend gateways
+
+backend gateways
+    balance leastconn
+    option httpchk
+    http-check send meth GET uri /healthz ver HTTP/1.1 hdr Host 127.0.0.1
+    http-check expect status 200
+    default-server inter {ms}ms fastinter {ms}ms downinter {ms}ms fall 2 rise 2
+{servers}
+
+listen stats
+    bind 127.0.0.1:{self.stats_port}
+    stats enable
+    stats uri /stats
+"""
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start haproxy and wait until it sees every server up."""
+        self.config_path.write_text(self.config())
+        haproxy = haproxy_path() or "haproxy"
+        check = subprocess.run(
+            [haproxy, "-c", "-q", "-f", str(self.config_path)], capture_output=True, text=True
+        )
+        if check.returncode != 0:
+            raise RuntimeError(f"haproxy refused its config: {check.stdout}{check.stderr}")
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child process owns it
+        self.proc = subprocess.Popen(
+            [haproxy, "-db", "-f", str(self.config_path)], stdout=log, stderr=subprocess.STDOUT
+        )
+        self.wait_until({gw.name: "UP" for gw in self.servers}, timeout)
+
+    def states(self) -> dict[str, str]:
+        """Each server's status as haproxy sees it (``UP``, ``DOWN``, ``UP 1/2``...)."""
+        url = f"http://127.0.0.1:{self.stats_port}/stats;csv"
+        with urllib.request.urlopen(url, timeout=2) as response:
+            lines = response.read().decode().splitlines()
+        header = lines[0].lstrip("# ").split(",")
+        rows = [dict(zip(header, line.split(","), strict=False)) for line in lines[1:] if line]
+        return {
+            row["svname"]: row["status"]
+            for row in rows
+            if row.get("pxname") == "gateways" and row["svname"] not in ("FRONTEND", "BACKEND")
+        }
+
+    def wait_until(self, wanted: dict[str, str], timeout: float = 30.0) -> None:
+        """Wait until haproxy reports each named server in the wanted status."""
+        deadline = time.monotonic() + timeout
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"haproxy exited: {self.log_path.read_text()[-3000:]}")
+            try:
+                states = self.states()
+            except (urllib.error.URLError, ConnectionError, OSError):
+                states = {}
+            if all(states.get(name) == status for name, status in wanted.items()):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"haproxy did not report {wanted} (last: {states})")
+
+    def stop(self) -> None:
+        """Stop haproxy (SIGTERM, then SIGKILL)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
