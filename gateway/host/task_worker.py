@@ -1,4 +1,4 @@
-"""The task worker: runs the ``django.tasks`` tasks that ``LeasecastBackend`` enqueued.
+"""The task worker's runner: runs the ``django.tasks`` tasks that ``LeasecastBackend`` enqueued.
 
 ``python manage.py leasecast_worker`` (``gateway.management.commands``) is a
 thin shell around :class:`TaskWorker`. The worker talks to the gateway only
@@ -9,29 +9,22 @@ machine that can reach a gateway.
 
 A task's message (``gateway.host.tasks.task_message``) names the task by module
 path; the worker looks it up in its registry (:class:`TaskRegistry`, made at
-start from the ``tasks`` module of every installed app and the modules of the
-``LEASECAST_TASK_MODULES`` setting) and calls ``task.func``. A message never
-makes the worker import anything: whoever can enqueue on a task queue could
-otherwise run any module's import-time code. Sync functions run on a pool
-of ``concurrency`` threads, coroutine functions on the event loop, at most
-``concurrency`` tasks at once across all its queues. Each attempt ends its
-lease with the outcome (docs/protocol.md, Task outcomes), which the gateway
-records in the task's result in the transaction that ends the lease:
+start by :func:`discover_registry` from the ``tasks`` module of every
+installed app and the modules of the ``LEASECAST_TASK_MODULES`` setting) and
+calls ``task.func``. A message never makes the worker import anything:
+whoever can enqueue on a task queue could otherwise run any module's
+import-time code. Sync functions run on a pool of ``concurrency`` threads,
+coroutine functions on the event loop, at most ``concurrency`` tasks at once
+across all its queues. Each attempt ends its lease with the outcome
+(docs/protocol.md, Task outcomes), which the gateway records in the task's
+result in the transaction that ends the lease.
 
-========================================  =========================================
-what happened                             what the worker sends
-========================================  =========================================
-the task returned a JSON value            ``ack``, SUCCESSFUL with ``return_value``
-it returned something else                ``ack``, FAILED (the ``TypeError``)
-it raised, deliveries < max_deliveries    ``nack`` after a backoff, READY + error
-it raised, deliveries >= max_deliveries   ``ack``, FAILED + error
-the task is not in the registry           ``ack``, FAILED + the cause, no retry
-the body is not a task message            ``reject`` (dead-lettered), a log line
-========================================  =========================================
-
-The pure part (:class:`TaskMessage`, :class:`RetryPolicy`, :func:`succeeded`,
-:func:`failed`, :func:`unrunnable`, :func:`refused`) decides; :class:`TaskWorker`
-does the I/O around it.
+What to send for each run, and what to do when the gateway does not take it,
+is decided by the pure rules of :mod:`gateway.core.task_decisions` (the table
+of outcomes is there); this module is the I/O around them: sockets, the
+thread pool, signals, the lease's keep-alive, the registry's imports and
+Django. The pure names are re-exported here for code that imported them from
+this module.
 """
 
 from __future__ import annotations
@@ -47,23 +40,46 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from traceback import format_exception
-from typing import Any, Literal, TypeAlias, TypedDict
+from typing import Any
 from urllib.parse import quote
 
-import orjson
 from leasecast import Delivery, Worker, backoff_delays, http_get
 
-from gateway.core.errors import (
-    Backpressure,
-    ConnectionClosed,
-    LeasecastError,
-    ProtocolError,
-    StaleReceipt,
-    Unavailable,
+from gateway.core.errors import ConnectionClosed, LeasecastError, ProtocolError, StaleReceipt
+from gateway.core.task_decisions import (
+    MAX_TASK_ID,
+    SETTLEMENTS,
+    TASK_MODULES_SETTING,
+    Abandoned,
+    Ack,
+    Attempt,
+    LeaseLost,
+    LimitCache,
+    Nack,
+    NotATask,
+    Raised,
+    Reject,
+    Resend,
+    RetryPolicy,
+    Returned,
+    Run,
+    Settlement,
+    TaskMessage,
+    TaskRegistry,
+    UnregisteredTask,
+    Unsent,
+    after_send_error,
+    decide,
+    error_of,
+    failed,
+    keep_alive_period,
+    refused,
+    split_prefetch,
+    succeeded,
+    to_json,
+    unrunnable,
 )
 
 __all__ = [
@@ -80,9 +96,13 @@ __all__ = [
     "TaskRegistry",
     "TaskWorker",
     "UnregisteredTask",
+    "context_for",
+    "default_worker_id",
+    "discover_registry",
     "error_of",
     "failed",
     "refused",
+    "registry_of_modules",
     "split_prefetch",
     "succeeded",
     "to_json",
@@ -95,433 +115,74 @@ log = logging.getLogger("leasecast.worker")
 DEFAULT_CONCURRENCY = 4
 #: Seconds running tasks get to finish after SIGTERM / SIGINT.
 DEFAULT_GRACE = 30.0
-#: Longest task id (``gateway.core.protocol.MAX_TASK_ID``) and module path the worker accepts.
-MAX_TASK_ID = 64
-MAX_TASK_PATH = 400
-#: How much of an original traceback a refused outcome keeps.
-_KEPT_TRACEBACK = 8 * 1024
-
-
-# -- the task message ---------------------------------------------------------------
-
-
-class NotATask(ValueError):
-    """A message body that is not a task message (``gateway.host.tasks.task_message``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class TaskMessage:
-    """The body of a task's queue message: what the worker needs to run it.
-
-    Attributes:
-        task_path: the module path of the task (``myapp.tasks.send_email``).
-        result_id: the id of the task's result (``TaskRecord``).
-        args, kwargs: the call's arguments, as JSON.
-        takes_context: whether the task was enqueued as taking a context
-            (the imported task's own flag is what counts when it runs).
-    """
-
-    task_path: str
-    result_id: str
-    args: list[Any] = field(default_factory=list)
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    takes_context: bool = False
-
-    @classmethod
-    def parse(cls, body: Any) -> TaskMessage:
-        """Read a message body.
-
-        Raises:
-            NotATask: the body is not an object of the task message's shape.
-        """
-        if not isinstance(body, dict):
-            raise NotATask(f"the body is a JSON {type(body).__name__}, not a task object")
-        path, result_id = body.get("task"), body.get("id")
-        if not isinstance(path, str) or not 1 <= len(path) <= MAX_TASK_PATH:
-            raise NotATask(f"'task' must be a module path of 1-{MAX_TASK_PATH} characters")
-        if not isinstance(result_id, str) or not 1 <= len(result_id) <= MAX_TASK_ID:
-            raise NotATask(f"'id' must be a result id of 1-{MAX_TASK_ID} characters")
-        args = body.get("args", [])
-        kwargs = body.get("kwargs", {})
-        takes_context = body.get("takes_context", False)
-        if not isinstance(args, list):
-            raise NotATask("'args' must be a list")
-        if not isinstance(kwargs, dict):
-            raise NotATask("'kwargs' must be an object")
-        if not isinstance(takes_context, bool):
-            raise NotATask("'takes_context' must be true or false")
-        return cls(path, result_id, args, kwargs, takes_context)
-
-
-# -- outcomes -----------------------------------------------------------------------
-
-
-class TaskErrorJSON(TypedDict):
-    """A failed attempt's error, as ``django.tasks.TaskError`` holds it."""
-
-    exception_class_path: str
-    traceback: str
-
-
-Status: TypeAlias = Literal["SUCCESSFUL", "FAILED", "READY"]
-
-
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    """One run of a task: who, when, and which delivery of its message it is."""
-
-    result_id: str
-    worker_id: str
-    started_at: float
-    deliveries: int
-
-    def outcome(
-        self, status: Status, *, error: TaskErrorJSON | None = None, **value: Any
-    ) -> dict[str, Any]:
-        """The ``task`` object of an ack or nack (docs/protocol.md, Task outcomes).
-
-        ``return_value=...`` adds the return value (absent when not given).
-        """
-        outcome: dict[str, Any] = {
-            "id": self.result_id,
-            "status": status,
-            "worker_id": self.worker_id,
-            "started_at": self.started_at,
-        }
-        if "return_value" in value:
-            outcome["return_value"] = value["return_value"]
-        if error is not None:
-            outcome["error"] = error
-        return outcome
-
-
-@dataclass(frozen=True, slots=True)
-class Ack:
-    """End the lease with ``ack`` carrying ``outcome`` (SUCCESSFUL or FAILED).
-
-    ``fallback`` marks the replacement of an outcome the gateway refused.
-    """
-
-    outcome: dict[str, Any]
-    fallback: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Nack:
-    """End the lease with ``nack``: visible again after ``delay``; ``outcome`` is READY."""
-
-    delay: float
-    outcome: dict[str, Any] | None
-    fallback: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Reject:
-    """Dead-letter the message (it is not a task this worker can record)."""
-
-    reason: str
-
-
-Settlement: TypeAlias = Ack | Nack | Reject
-
-
-def error_of(exc: BaseException) -> TaskErrorJSON:
-    """The error of a failed attempt: the exception's class path and full traceback.
-
-    The traceback starts at the task's own code: the worker's frames above it
-    (this module, the thread pool) say nothing about the failure.
-    """
-    kind = type(exc)
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None and _machinery(tb.tb_frame.f_code.co_filename):
-        tb = tb.tb_next
-    return {
-        "exception_class_path": f"{kind.__module__}.{kind.__qualname__}",
-        "traceback": "".join(format_exception(kind, exc, tb)),
-    }
-
-
+#: The retry backoff of a worker not given one (1 s doubling up to 5 minutes).
+DEFAULT_RETRY_POLICY = RetryPolicy()
 #: Source files of the worker's own machinery, left out at the top of tracebacks.
-_MACHINERY = frozenset({__file__, concurrent.futures.thread.__file__})
-
-
-def _machinery(filename: str) -> bool:
-    return filename in _MACHINERY
-
-
-def to_json(value: Any) -> Any:
-    """``value`` as plain JSON, normalised as ``django.tasks`` does for results.
-
-    Mappings become objects (keys as JSON writes them: ``1`` -> ``"1"``),
-    other sequences lists, ``bytes`` UTF-8 text.
-
-    Raises:
-        TypeError: a value of a type JSON does not have (a ``datetime``, a
-            model instance, an integer beyond 64 bits, ...).
-        ValueError: ``bytes`` that are not UTF-8.
-    """
-    normal = _normalise(value)
-    try:
-        return orjson.loads(orjson.dumps(normal, option=orjson.OPT_NON_STR_KEYS))
-    except orjson.JSONEncodeError as exc:  # a subclass of TypeError: keep it one
-        raise TypeError(f"not JSON: {exc}") from exc
-
-
-def _normalise(value: Any) -> Any:
-    # The rules of django.tasks' normalize_json (Django 6 and django-tasks agree),
-    # so that a result reads the same whichever backend stored it.
-    if isinstance(value, str | int | float | bool) or value is None:
-        return value
-    if isinstance(value, Mapping):
-        return {_normalise(k): _normalise(v) for k, v in value.items()}
-    if isinstance(value, bytes):
-        try:
-            return value.decode()
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"bytes that are not UTF-8 are not JSON: {value[:20]!r}") from exc
-    if isinstance(value, Sequence):
-        return [_normalise(v) for v in value]
-    raise TypeError(f"a {type(value).__module__}.{type(value).__qualname__} is not JSON")
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """When a failed attempt is retried, and after how long (exponential backoff).
-
-    The n-th delivery's failure is retried after ``base * 2**(n-1)`` seconds,
-    at most ``cap``, unless it was the queue's last allowed delivery.
-
-    Args:
-        base: the delay after the first failed attempt, in seconds.
-        cap: the longest delay, in seconds.
-    """
-
-    base: float = 1.0
-    cap: float = 300.0
-
-    def delay(self, deliveries: int) -> float:
-        """Seconds before the next attempt, after the failure of delivery ``deliveries``."""
-        exponent = max(0, deliveries - 1)
-        if exponent >= 64:  # 2**64 * base is past any cap
-            return self.cap
-        return float(min(self.cap, self.base * 2**exponent))
-
-    def retries(self, deliveries: int, max_deliveries: int | None) -> bool:
-        """Whether the failure of delivery ``deliveries`` is retried.
-
-        Args:
-            deliveries: this delivery's count (1 for the first).
-            max_deliveries: the queue's limit (0 = unlimited); None when the
-                worker could not read it: retry, the next failure asks again.
-        """
-        if max_deliveries is None or max_deliveries <= 0:
-            return True
-        return deliveries < max_deliveries
-
-
-def succeeded(attempt: Attempt, value: Any) -> Ack:
-    """The settlement of an attempt that returned ``value``.
-
-    A value that is not JSON makes the task FAILED (no retry: the same code
-    returns the same kind of value), its error the ``TypeError`` that says so.
-    """
-    try:
-        normal = to_json(value)
-    except (TypeError, ValueError) as exc:
-        try:
-            raise type(exc)(f"the task's return value is not JSON: {exc}") from exc
-        except (TypeError, ValueError) as named:
-            return Ack(attempt.outcome("FAILED", error=error_of(named)))
-    return Ack(attempt.outcome("SUCCESSFUL", return_value=normal))
-
-
-def failed(
-    attempt: Attempt,
-    error: TaskErrorJSON,
-    *,
-    max_deliveries: int | None,
-    policy: RetryPolicy = RetryPolicy(),
-) -> Ack | Nack:
-    """The settlement of an attempt that raised: a retry, or FAILED at the last delivery.
-
-    Acking FAILED on the last allowed delivery (rather than nacking) records the
-    failure: a nacked message past ``max_deliveries`` would be dead-lettered by
-    the gateway with nobody left to record its result.
-    """
-    if policy.retries(attempt.deliveries, max_deliveries):
-        return Nack(policy.delay(attempt.deliveries), attempt.outcome("READY", error=error))
-    return Ack(attempt.outcome("FAILED", error=error))
-
-
-def unrunnable(attempt: Attempt, error: TaskErrorJSON) -> Ack:
-    """The settlement of a task that cannot run here (not registered): FAILED, no retry."""
-    return Ack(attempt.outcome("FAILED", error=error))
-
-
-def refused(settlement: Ack | Nack, exc: ProtocolError) -> Settlement:
-    """What to send after the gateway refused ``settlement``'s outcome.
-
-    A return value over the gateway's body limit (``too_large``) is the usual
-    cause. The fallback keeps the kind of settlement (an ack stays an ack,
-    with status FAILED; a nack stays a nack, READY) with an error naming the
-    refusal and the start of the original error. A fallback that was itself
-    refused ends in :class:`Reject` (an ack) or a nack without outcome, so a
-    message is never stuck.
-    """
-    outcome = settlement.outcome
-    if outcome is None or settlement.fallback:
-        if isinstance(settlement, Ack):
-            return Reject(f"the gateway refused the task's outcome twice: {exc.detail}")
-        return Nack(settlement.delay, None)
-    text = f"the gateway refused this attempt's outcome ({exc.code}): {exc.detail}\n"
-    original = outcome.get("error")
-    if original is not None:
-        kept = original["traceback"][:_KEPT_TRACEBACK]
-        text += f"\nthe attempt's own error, {original['exception_class_path']}:\n{kept}"
-    error: TaskErrorJSON = {
-        "exception_class_path": f"{type(exc).__module__}.{type(exc).__qualname__}",
-        "traceback": text,
-    }
-    fallback = {k: v for k, v in outcome.items() if k not in ("return_value", "error")}
-    fallback["error"] = error
-    if isinstance(settlement, Ack):
-        return Ack({**fallback, "status": "FAILED"}, fallback=True)
-    return Nack(settlement.delay, fallback, fallback=True)
-
-
-def split_prefetch(concurrency: int, queues: int) -> list[int]:
-    """Each queue's socket ``prefetch``: ``concurrency`` leases in all when possible.
-
-    A worker never holds more leases than it can run, so messages do not wait
-    in one worker while another idles; with more queues than ``concurrency``
-    each socket still needs one (the extra held messages wait their turn with
-    their leases extended).
-    """
-    if queues <= 0:
-        return []
-    share, extra = divmod(concurrency, queues)
-    return [max(1, share + (1 if i < extra else 0)) for i in range(queues)]
+MACHINERY = frozenset({__file__, concurrent.futures.thread.__file__})
 
 
 # -- loading tasks ------------------------------------------------------------------
 
 
-#: The Django setting that names task modules beyond the installed apps' ``tasks``.
-TASK_MODULES_SETTING = "LEASECAST_TASK_MODULES"
+def registry_of_modules(names: Iterable[str]) -> TaskRegistry:
+    """Import the modules ``names`` and collect their tasks.
 
-
-class UnregisteredTask(LookupError):
-    """A message names a task that is not in the worker's registry (nothing was imported)."""
-
-
-# A task result stores the error's class path (docs/tasks.md, the outcomes
-# table): it stays the public path, ``gateway.task_worker``, where it resolves.
-UnregisteredTask.__module__ = "gateway.task_worker"
-
-
-class TaskRegistry:
-    """The ``django.tasks`` tasks a worker runs, by module path (protocol 1.2, Tasks).
-
-    Made once, at start: the worker imports the modules it is told of and
-    keeps every ``Task`` they hold, under the path a message names it by
-    (``task.module_path``, which :func:`gateway.host.tasks.task_message` writes). A
-    lookup never imports: a message naming anything else is refused.
-
-    Args:
-        tasks: module path -> task.
-        modules: the modules the tasks were collected from, in import order.
+    Raises:
+        Exception: whatever importing a module raised.
     """
+    from gateway.host.tasks import Task
 
-    def __init__(self, tasks: Mapping[str, Any], modules: Sequence[str]) -> None:
-        self._tasks = dict(tasks)
-        self.modules = tuple(modules)
+    tasks: dict[str, Any] = {}
+    modules: list[str] = []
+    for name in dict.fromkeys(names):
+        module = importlib.import_module(name)
+        modules.append(name)
+        for value in vars(module).values():
+            if isinstance(value, Task):
+                tasks[value.module_path] = value
+    return TaskRegistry(tasks, modules)
 
-    @classmethod
-    def of_modules(cls, names: Iterable[str]) -> TaskRegistry:
-        """Import the modules ``names`` and collect their tasks.
 
-        Raises:
-            Exception: whatever importing a module raised.
-        """
-        from gateway.host.tasks import Task
+def discover_registry() -> TaskRegistry:
+    """The registry of this project: the installed apps' ``tasks`` modules, then
+    those of ``LEASECAST_TASK_MODULES``.
 
-        tasks: dict[str, Any] = {}
-        modules: list[str] = []
-        for name in dict.fromkeys(names):
-            module = importlib.import_module(name)
-            modules.append(name)
-            for value in vars(module).values():
-                if isinstance(value, Task):
-                    tasks[value.module_path] = value
-        return cls(tasks, modules)
+    Raises:
+        ImproperlyConfigured: the setting is not a list of module paths, or
+            one of the modules cannot be imported (the cause is chained).
+    """
+    from django.apps import apps
+    from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
+    from django.utils.module_loading import module_has_submodule
 
-    @classmethod
-    def discover(cls) -> TaskRegistry:
-        """The registry of this project: the installed apps' ``tasks`` modules, then
-        those of ``LEASECAST_TASK_MODULES``.
-
-        Raises:
-            ImproperlyConfigured: the setting is not a list of module paths, or
-                one of the modules cannot be imported (the cause is chained).
-        """
-        from django.apps import apps
-        from django.conf import settings
-        from django.core.exceptions import ImproperlyConfigured
-        from django.utils.module_loading import module_has_submodule
-
-        listed = getattr(settings, TASK_MODULES_SETTING, None) or []
-        # A bare string (a common slip) is refused too, not read letter by letter.
-        if not isinstance(listed, list | tuple) or not all(
-            isinstance(name, str) and name for name in listed
-        ):
+    listed = getattr(settings, TASK_MODULES_SETTING, None) or []
+    # A bare string (a common slip) is refused too, not read letter by letter.
+    if not isinstance(listed, list | tuple) or not all(
+        isinstance(name, str) and name for name in listed
+    ):
+        raise ImproperlyConfigured(
+            f"{TASK_MODULES_SETTING} must be a list of module paths "
+            f"(e.g. ['myapp.jobs']), got {listed!r}"
+        )
+    names = [
+        f"{app.name}.tasks"
+        for app in apps.get_app_configs()
+        if module_has_submodule(app.module, "tasks")
+    ]
+    registry = TaskRegistry({}, [])
+    for name in [*names, *listed]:
+        try:
+            found = registry_of_modules([name])
+        except Exception as exc:
+            origin = f"listed in {TASK_MODULES_SETTING}" if name in listed else "an app's tasks"
             raise ImproperlyConfigured(
-                f"{TASK_MODULES_SETTING} must be a list of module paths "
-                f"(e.g. ['myapp.jobs']), got {listed!r}"
-            )
-        names = [
-            f"{app.name}.tasks"
-            for app in apps.get_app_configs()
-            if module_has_submodule(app.module, "tasks")
-        ]
-        registry = cls({}, [])
-        for name in [*names, *listed]:
-            try:
-                found = cls.of_modules([name])
-            except Exception as exc:
-                origin = f"listed in {TASK_MODULES_SETTING}" if name in listed else "an app's tasks"
-                raise ImproperlyConfigured(
-                    f"cannot import {name} ({origin}) for the task registry "
-                    f"(the worker imports the installed apps' tasks modules and "
-                    f"{TASK_MODULES_SETTING}): {type(exc).__name__}: {exc}"
-                ) from exc
-            registry = registry.merged(found)
-        return registry
-
-    def merged(self, other: TaskRegistry) -> TaskRegistry:
-        """This registry and ``other``'s tasks and modules."""
-        modules = [*self.modules, *(m for m in other.modules if m not in self.modules)]
-        return TaskRegistry({**self._tasks, **other._tasks}, modules)
-
-    def get(self, path: str) -> Any:
-        """The task a message names by ``path``.
-
-        Raises:
-            UnregisteredTask: no registered module holds it; nothing is imported.
-        """
-        found = self._tasks.get(path)
-        if found is None:
-            raise UnregisteredTask(
-                f"{path!r} is not a registered task of this worker: it runs only the "
-                "django.tasks tasks of the installed apps' tasks modules and of "
-                f"{TASK_MODULES_SETTING} (nothing was imported)"
-            )
-        return found
-
-    def __contains__(self, path: object) -> bool:
-        return path in self._tasks
-
-    def __len__(self) -> int:
-        return len(self._tasks)
+                f"cannot import {name} ({origin}) for the task registry "
+                f"(the worker imports the installed apps' tasks modules and "
+                f"{TASK_MODULES_SETTING}): {type(exc).__name__}: {exc}"
+            ) from exc
+        registry = registry.merged(found)
+    return registry
 
 
 def context_for(task: Any, message: TaskMessage, attempt: Attempt) -> Any:
@@ -583,7 +244,7 @@ class TaskWorker:
         grace: seconds running tasks may take to finish after :meth:`stop`.
         policy: the retry backoff.
         worker_id: recorded with each attempt (default ``host:pid``).
-        registry: the tasks it runs (default :meth:`TaskRegistry.discover`,
+        registry: the tasks it runs (default :func:`discover_registry`,
             which needs Django's settings).
         settings_ttl: seconds a queue's ``max_deliveries`` is cached.
         backoff_initial, backoff_max: reconnect backoff of the sockets.
@@ -597,7 +258,7 @@ class TaskWorker:
         queues: Sequence[str],
         concurrency: int = DEFAULT_CONCURRENCY,
         grace: float = DEFAULT_GRACE,
-        policy: RetryPolicy = RetryPolicy(),
+        policy: RetryPolicy = DEFAULT_RETRY_POLICY,
         worker_id: str | None = None,
         registry: TaskRegistry | None = None,
         # -- the gateway
@@ -615,17 +276,16 @@ class TaskWorker:
         self.grace = grace
         self.policy = policy
         self.worker_id = worker_id or default_worker_id()
-        self.registry = registry if registry is not None else TaskRegistry.discover()
+        self.registry = registry if registry is not None else discover_registry()
         self._token = token
-        self._settings_ttl = settings_ttl
         self._backoff = (backoff_initial, backoff_max)
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="leasecast-task")
         self._slots: asyncio.Semaphore | None = None
         self._stopping: asyncio.Event | None = None
         self._hurry: asyncio.Event | None = None
-        self._max_deliveries: dict[str, tuple[float, int]] = {}
-        #: message id -> the result of its run in progress here: (raised, value or exception)
-        self._runs: dict[str, asyncio.Future[tuple[bool, Any]]] = {}
+        self._limits = LimitCache(settings_ttl)
+        #: message id -> the result of its run in progress here
+        self._runs: dict[str, asyncio.Future[Run]] = {}
         #: handler tasks per queue (a delivery from receipt to its settlement)
         self._handlers: dict[str, set[asyncio.Task[None]]] = {q: set() for q in self.queues}
         #: handlers still running when the grace ran out (their leases were released)
@@ -822,7 +482,7 @@ class TaskWorker:
                 task = self.registry.get(message.task_path)
             except UnregisteredTask as exc:
                 log.error("task %s [%s] FAILED: %s", message.task_path, message.result_id, exc)
-                return unrunnable(attempt, error_of(exc))
+                return unrunnable(attempt, error_of(exc, machinery=MACHINERY))
             log.info(
                 "task %s [%s] started (queue %s, delivery %d)",
                 message.task_path,
@@ -830,62 +490,25 @@ class TaskWorker:
                 delivery.queue,
                 delivery.deliveries,
             )
-            result = await self._result(delivery, task, message, attempt)
-        if result is None:
-            return None
-        raised, value = result
-        took = time.time() - attempt.started_at
-        if not raised:
-            success = succeeded(attempt, value)
-            if success.outcome["status"] == "SUCCESSFUL":
-                log.info(
-                    "task %s [%s] SUCCESSFUL in %.3fs",
-                    message.task_path,
-                    message.result_id,
-                    took,
-                )
-            else:
-                log.error(
-                    "task %s [%s] FAILED in %.3fs: its return value is not JSON",
-                    message.task_path,
-                    message.result_id,
-                    took,
-                )
-            return success
-        error = error_of(value)
-        limit = await self.max_deliveries(delivery.queue)
-        settlement = failed(attempt, error, max_deliveries=limit, policy=self.policy)
-        if isinstance(settlement, Nack):
-            log.warning(
-                "task %s [%s] raised %s: %s (delivery %d of %s); retrying in %gs",
-                message.task_path,
-                message.result_id,
-                error["exception_class_path"],
-                value,
-                delivery.deliveries,
-                "?" if limit is None else (limit or "unlimited"),
-                settlement.delay,
-            )
-        else:
-            log.error(
-                "task %s [%s] FAILED after %d deliveries: %s: %s",
-                message.task_path,
-                message.result_id,
-                delivery.deliveries,
-                error["exception_class_path"],
-                value,
-            )
+            run = await self._result(delivery, task, message, attempt)
+        # Only a failure needs the queue's limit: asked then, not for every task.
+        limit = await self.max_deliveries(delivery.queue) if isinstance(run, Raised) else None
+        settlement = decide(
+            attempt, run, max_deliveries=limit, policy=self.policy, machinery=MACHINERY
+        )
+        if settlement is not None:
+            _log_outcome(message, attempt, run, settlement, limit)
         return settlement
 
     async def _result(
         self, delivery: Delivery, task: Any, message: TaskMessage, attempt: Attempt
-    ) -> tuple[bool, Any] | None:
-        """Run the task: ``(raised, value or exception)``.
+    ) -> Run:
+        """Run the task: what it returned or raised.
 
         A socket that dropped and came back gets the messages its old socket
         held delivered again (the gateway released them). If such a message's
         task is still running here, its result settles the new delivery
-        instead of a second run (None if that run was abandoned).
+        instead of a second run (:class:`Abandoned` if that run was given up).
         """
         running = self._runs.get(delivery.id)
         if running is not None:
@@ -899,20 +522,21 @@ class TaskWorker:
             except asyncio.CancelledError:
                 if _cancelling():
                     raise
-                return None
-        done: asyncio.Future[tuple[bool, Any]] = asyncio.get_running_loop().create_future()
+                return Abandoned()
+        done: asyncio.Future[Run] = asyncio.get_running_loop().create_future()
         self._runs[delivery.id] = done
         try:
+            run: Run
             try:
-                outcome: tuple[bool, Any] = (False, await self._call(task, message, attempt))
+                run = Returned(await self._call(task, message, attempt))
             except asyncio.CancelledError as exc:
                 if _cancelling():
                     raise  # this worker gave up on it (the grace ran out)
-                outcome = (True, exc)  # the task's own code was cancelled
+                run = Raised(exc)  # the task's own code was cancelled
             except BaseException as exc:
-                outcome = (True, exc)
-            done.set_result(outcome)
-            return outcome
+                run = Raised(exc)
+            done.set_result(run)
+            return run
         finally:
             if not done.done():
                 done.cancel()
@@ -936,68 +560,72 @@ class TaskWorker:
     async def max_deliveries(self, queue: str) -> int | None:
         """The queue's ``max_deliveries`` (0 = unlimited), cached; None if unreadable."""
         now = time.monotonic()
-        cached = self._max_deliveries.get(queue)
-        if cached is not None and now - cached[0] < self._settings_ttl:
-            return cached[1]
+        fresh = self._limits.fresh(queue, now)
+        if fresh is not None:
+            return fresh
         path = f"/api/queues/{quote(queue, safe='')}"
         try:
             doc = await asyncio.to_thread(http_get, self.url, path, self._token, 10.0)
             value = int(doc["max_deliveries"])
         except (LeasecastError, KeyError, TypeError, ValueError) as exc:
             log.warning("cannot read max_deliveries of queue %s: %s", queue, exc)
-            return cached[1] if cached is not None else None
-        self._max_deliveries[queue] = (now, value)
-        return value
+            return self._limits.unreadable(queue)
+        return self._limits.read(queue, now, value)
 
     async def _settle(self, delivery: Delivery, settlement: Settlement) -> None:
-        """End the lease as decided; retry transient refusals, fall back on final ones."""
-        for _ in range(3):  # the outcome, its fallback, the fallback's fallback
+        """End the lease as decided; :func:`after_send_error` says what to do when
+        the gateway does not take it (send again, fall back, or give up)."""
+        tried, sends = 1, 0
+        delays = backoff_delays(0.2, 2.0)
+        while True:
+            sends += 1
             try:
                 await self._send(delivery, settlement)
                 return
-            except (StaleReceipt, ConnectionClosed) as exc:
-                log.warning(
-                    "message %s of queue %s: its lease was lost before it ended (%s); "
-                    "the message will be delivered again",
-                    delivery.id,
-                    delivery.queue,
-                    exc,
-                )
-                return
-            except ProtocolError as exc:
-                if isinstance(settlement, Reject):
-                    log.error("message %s: reject refused: %s", delivery.id, exc)
+            except LeasecastError as exc:
+                error = exc
+                decision = after_send_error(settlement, exc, sends=sends)
+            match decision:
+                case Resend():
+                    await asyncio.sleep(next(delays))
+                case LeaseLost():
+                    log.warning(
+                        "message %s of queue %s: its lease was lost before it ended (%s); "
+                        "the message will be delivered again",
+                        delivery.id,
+                        delivery.queue,
+                        error,
+                    )
                     return
-                log.error(
-                    "message %s of queue %s: the gateway refused the outcome: %s",
-                    delivery.id,
-                    delivery.queue,
-                    exc,
-                )
-                settlement = refused(settlement, exc)
+                case Unsent(reason):
+                    log.error("message %s: %s", delivery.id, reason)
+                    return
+                case _:
+                    log.error(
+                        "message %s of queue %s: the gateway refused the outcome: %s",
+                        delivery.id,
+                        delivery.queue,
+                        error,
+                    )
+                    tried += 1
+                    if tried > SETTLEMENTS:
+                        return
+                    settlement, sends, delays = decision, 0, backoff_delays(0.2, 2.0)
 
     async def _send(self, delivery: Delivery, settlement: Settlement) -> None:
-        """Send the settlement, retrying ``unavailable`` and ``backpressure`` a few times."""
-        delays = backoff_delays(0.2, 2.0)
-        for attempt in range(5):
-            try:
-                if isinstance(settlement, Ack):
-                    await delivery.ack(task=settlement.outcome)
-                elif isinstance(settlement, Nack):
-                    await delivery.nack(settlement.delay, task=settlement.outcome)
-                else:
-                    await delivery.reject()
-                return
-            except (Unavailable, Backpressure):
-                if attempt == 4:
-                    raise
-                await asyncio.sleep(next(delays))
+        """Send the settlement once."""
+        if isinstance(settlement, Ack):
+            await delivery.ack(task=settlement.outcome)
+        elif isinstance(settlement, Nack):
+            await delivery.nack(settlement.delay, task=settlement.outcome)
+        else:
+            await delivery.reject()
 
     async def _keep_lease(self, delivery: Delivery) -> None:
-        """Extend the lease every half lease while the delivery is held."""
-        lease = max(1.0, delivery.expires_in)
+        """Extend the lease while the delivery is held (:func:`keep_alive_period`)."""
+        every, lease = keep_alive_period(delivery.expires_in)
         while True:
-            await asyncio.sleep(lease / 2)
+            await asyncio.sleep(every)
             try:
                 await delivery.extend(lease)
             except (StaleReceipt, ConnectionClosed):
@@ -1005,6 +633,46 @@ class TaskWorker:
             except ProtocolError as exc:
                 log.warning("message %s: cannot extend its lease: %s", delivery.id, exc)
                 return
+
+
+def _log_outcome(
+    message: TaskMessage, attempt: Attempt, run: Run, settlement: Settlement, limit: int | None
+) -> None:
+    """One line per finished attempt: what it did and what is sent for it."""
+    path, result_id = message.task_path, message.result_id
+    took = time.time() - attempt.started_at
+    outcome = settlement.outcome if isinstance(settlement, Ack | Nack) else None
+    if isinstance(run, Returned):
+        if outcome is not None and outcome["status"] == "SUCCESSFUL":
+            log.info("task %s [%s] SUCCESSFUL in %.3fs", path, result_id, took)
+        else:
+            log.error(
+                "task %s [%s] FAILED in %.3fs: its return value is not JSON", path, result_id, took
+            )
+        return
+    if not isinstance(run, Raised) or outcome is None:
+        return
+    kind = outcome["error"]["exception_class_path"]
+    if isinstance(settlement, Nack):
+        log.warning(
+            "task %s [%s] raised %s: %s (delivery %d of %s); retrying in %gs",
+            path,
+            result_id,
+            kind,
+            run.exc,
+            attempt.deliveries,
+            "?" if limit is None else (limit or "unlimited"),
+            settlement.delay,
+        )
+    else:
+        log.error(
+            "task %s [%s] FAILED after %d deliveries: %s: %s",
+            path,
+            result_id,
+            attempt.deliveries,
+            kind,
+            run.exc,
+        )
 
 
 def _cancelling() -> bool:

@@ -1,4 +1,6 @@
-"""The task worker's decisions (pure) and one delivery's handling, with recording fakes.
+"""The task worker's runner: its registry's imports and one delivery's handling.
+
+Its pure decisions are tested, fed values, in test_task_decisions.py.
 
 The fakes are subclasses of the real classes: :class:`RecordingDelivery` is a
 :class:`~gateway.client.Delivery` whose lease-ending calls are recorded
@@ -13,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,25 +23,16 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from gateway.client import Delivery
-from gateway.core.errors import ProtocolError, StaleReceipt, TooLarge
+from gateway.core.errors import StaleReceipt, TooLarge
 from gateway.host.task_worker import (
-    Ack,
     Attempt,
-    Nack,
-    NotATask,
-    Reject,
-    RetryPolicy,
     TaskMessage,
-    TaskRegistry,
     TaskWorker,
     UnregisteredTask,
     context_for,
+    discover_registry,
     error_of,
-    failed,
-    refused,
-    split_prefetch,
-    succeeded,
-    to_json,
+    registry_of_modules,
     unrunnable,
 )
 from tests.tasksite import tasks
@@ -48,187 +40,10 @@ from tests.tasksite import tasks
 ATTEMPT = Attempt("r1", "host:1", 1000.0, 1)
 
 
-def _raise(exc: BaseException) -> BaseException:
-    try:
-        raise exc
-    except BaseException as caught:
-        return caught
-
-
-# -- the task message
-
-
-def test_a_task_message_is_read_with_its_defaults() -> None:
-    full = {"task": "a.b", "id": "r", "args": [1], "kwargs": {"k": 2}, "takes_context": True}
-    assert TaskMessage.parse(full) == TaskMessage("a.b", "r", [1], {"k": 2}, True)
-    assert TaskMessage.parse({"task": "a.b", "id": "r"}) == TaskMessage("a.b", "r", [], {}, False)
-
-
-@pytest.mark.parametrize(
-    "body",
-    [
-        None,
-        [1],
-        "a.b",
-        {"id": "r"},
-        {"task": "", "id": "r"},
-        {"task": 3, "id": "r"},
-        {"task": "a.b"},
-        {"task": "a.b", "id": "x" * 65},
-        {"task": "a.b", "id": "r", "args": {"a": 1}},
-        {"task": "a.b", "id": "r", "kwargs": [1]},
-        {"task": "a.b", "id": "r", "takes_context": "yes"},
-    ],
-)
-def test_a_body_that_is_not_a_task_is_refused(body: Any) -> None:
-    with pytest.raises(NotATask):
-        TaskMessage.parse(body)
-
-
-# -- JSON return values
-
-
-def test_return_values_are_normalised_as_django_tasks_does() -> None:
-    assert to_json((1, [2, (3,)])) == [1, [2, [3]]]
-    assert to_json({1: "a", None: b"b", "c": {"d": (True, 1.5)}}) == {
-        "1": "a",
-        "null": "b",
-        "c": {"d": [True, 1.5]},
-    }
-    assert to_json(None) is None
-    assert to_json("x") == "x"
-
-
-@pytest.mark.parametrize(
-    ("value", "error"),
-    [
-        (datetime(2026, 1, 1, tzinfo=UTC), TypeError),
-        (object(), TypeError),
-        ({1, 2}, TypeError),
-        (2**70, TypeError),
-        ({"a": [datetime(2026, 1, 1, tzinfo=UTC)]}, TypeError),
-        (b"\xff", ValueError),
-    ],
-)
-def test_values_that_are_not_json_are_errors(value: Any, error: type[Exception]) -> None:
-    with pytest.raises(error):
-        to_json(value)
-
-
-# -- the retry decision
-
-
-def test_backoff_doubles_from_the_base_up_to_the_cap() -> None:
-    policy = RetryPolicy()
-    assert [policy.delay(n) for n in range(1, 11)] == [1, 2, 4, 8, 16, 32, 64, 128, 256, 300]
-    assert policy.delay(10_000) == 300
-    assert RetryPolicy(base=0.5, cap=3).delay(1) == 0.5
-    assert RetryPolicy(base=0.5, cap=3).delay(4) == 3
-
-
-@pytest.mark.parametrize(
-    ("deliveries", "max_deliveries", "retried"),
-    [
-        (1, 3, True),
-        (2, 3, True),
-        (3, 3, False),
-        (1, 1, False),
-        (50, 0, True),  # 0: unlimited
-        (7, None, True),  # unknown: retry, ask again next time
-    ],
-)
-def test_a_failure_is_retried_until_the_last_allowed_delivery(
-    deliveries: int, max_deliveries: int | None, retried: bool
-) -> None:
-    assert RetryPolicy().retries(deliveries, max_deliveries) is retried
-
-
-def test_a_failure_before_the_last_delivery_is_a_nack_with_backoff_and_a_ready_outcome() -> None:
-    error = error_of(_raise(ValueError("boom")))
-    attempt = Attempt("r1", "host:1", 1000.0, 2)
-    assert failed(attempt, error, max_deliveries=3) == Nack(
-        2.0,
-        {
-            "id": "r1",
-            "status": "READY",
-            "worker_id": "host:1",
-            "started_at": 1000.0,
-            "error": error,
-        },
-    )
-
-
-def test_a_failure_at_the_last_delivery_is_acked_failed() -> None:
-    error = error_of(_raise(ValueError("boom")))
-    attempt = Attempt("r1", "host:1", 1000.0, 3)
-    settlement = failed(attempt, error, max_deliveries=3, policy=RetryPolicy(base=9))
-    assert settlement == Ack(
-        {
-            "id": "r1",
-            "status": "FAILED",
-            "worker_id": "host:1",
-            "started_at": 1000.0,
-            "error": error,
-        }
-    )
-
-
-def test_an_error_carries_the_class_path_and_the_whole_traceback() -> None:
-    def inner() -> None:
-        raise KeyError("missing")
-
-    def outer() -> None:
-        try:
-            inner()
-        except KeyError as exc:
-            raise RuntimeError("wrapped") from exc
-
-    error = error_of(_raise_from(outer))
-    assert error["exception_class_path"] == "builtins.RuntimeError"
-    text = error["traceback"]
-    assert text.startswith("Traceback (most recent call last):")
-    assert "in inner" in text and "KeyError: 'missing'" in text  # the cause is kept
-    assert text.rstrip().endswith("RuntimeError: wrapped")
-
-
-def _raise_from(func: Any) -> BaseException:
-    try:
-        func()
-    except BaseException as exc:
-        return exc
-    raise AssertionError("did not raise")
-
-
-# -- outcomes
-
-
-def test_success_is_acked_with_the_normalised_value() -> None:
-    assert succeeded(ATTEMPT, (1, {2: "x"})) == Ack(
-        {
-            "id": "r1",
-            "status": "SUCCESSFUL",
-            "worker_id": "host:1",
-            "started_at": 1000.0,
-            "return_value": [1, {"2": "x"}],
-        }
-    )
-    assert succeeded(ATTEMPT, None).outcome["return_value"] is None
-
-
-def test_a_value_that_is_not_json_fails_the_task_at_once_naming_the_type_error() -> None:
-    settlement = succeeded(ATTEMPT, datetime(2026, 1, 1, tzinfo=UTC))
-    assert isinstance(settlement, Ack)
-    outcome = settlement.outcome
-    assert outcome["status"] == "FAILED" and "return_value" not in outcome
-    assert outcome["error"]["exception_class_path"] == "builtins.TypeError"
-    assert "return value is not JSON" in outcome["error"]["traceback"]
-    assert "datetime" in outcome["error"]["traceback"]
-
-
 # -- the registry
 
 #: The registry of the tests' workers: the tasks site's tasks module.
-REGISTRY = TaskRegistry.of_modules(["tests.tasksite.tasks"])
+REGISTRY = registry_of_modules(["tests.tasksite.tasks"])
 
 
 def test_an_unregistered_task_fails_without_retry() -> None:
@@ -267,12 +82,12 @@ def test_looking_up_a_task_imports_nothing(tmp_path: Path, monkeypatch: Any) -> 
 
 def test_the_registry_is_the_apps_tasks_modules_and_the_setting() -> None:
     with override_settings(LEASECAST_TASK_MODULES=["tests.tasksite.tasks"]):
-        registry = TaskRegistry.discover()
+        registry = discover_registry()
     # gateway is an installed app with a tasks module (the backend, no task in it).
     assert "gateway.tasks" in registry.modules
     assert registry.modules[-1] == "tests.tasksite.tasks"  # the setting's, after the apps'
     assert registry.get("tests.tasksite.tasks.add") is tasks.add
-    assert "tests.tasksite.tasks.add" not in TaskRegistry.discover()  # the setting unset
+    assert "tests.tasksite.tasks.add" not in discover_registry()  # the setting unset
 
 
 @pytest.mark.parametrize(
@@ -289,39 +104,8 @@ def test_a_bad_task_modules_setting_is_a_clear_error(value: Any, detail: str) ->
         override_settings(LEASECAST_TASK_MODULES=value),
         pytest.raises(ImproperlyConfigured, match="LEASECAST_TASK_MODULES") as caught,
     ):
-        TaskRegistry.discover()
+        discover_registry()
     assert detail in str(caught.value)
-
-
-def test_a_refused_success_becomes_failed_then_a_reject() -> None:
-    first = succeeded(ATTEMPT, "x" * 10)
-    fallback = refused(first, TooLarge("return_value is over 262144 bytes"))
-    assert isinstance(fallback, Ack) and fallback.fallback
-    outcome = fallback.outcome
-    assert outcome["status"] == "FAILED" and "return_value" not in outcome
-    assert outcome["error"]["exception_class_path"] == "leasecast.errors.TooLarge"
-    assert "too_large" in outcome["error"]["traceback"]
-    assert isinstance(refused(fallback, TooLarge("again")), Reject)
-
-
-def test_a_refused_retry_stays_a_retry_and_keeps_the_original_error() -> None:
-    error = error_of(_raise(ValueError("boom")))
-    first = failed(ATTEMPT, error, max_deliveries=3)
-    fallback = refused(first, ProtocolError("odd"))
-    assert isinstance(fallback, Nack) and fallback.delay == first.delay
-    assert fallback.outcome is not None and fallback.outcome["status"] == "READY"
-    assert "ValueError: boom" in fallback.outcome["error"]["traceback"]
-    assert refused(fallback, ProtocolError("odd")) == Nack(first.delay, None)
-
-
-@pytest.mark.parametrize(
-    ("concurrency", "queues", "prefetch"),
-    [(4, 1, [4]), (4, 2, [2, 2]), (5, 2, [3, 2]), (1, 3, [1, 1, 1]), (2, 3, [1, 1, 1]), (3, 0, [])],
-)
-def test_prefetch_is_shared_between_queues(
-    concurrency: int, queues: int, prefetch: list[int]
-) -> None:
-    assert split_prefetch(concurrency, queues) == prefetch
 
 
 def test_a_context_task_gets_its_result_and_attempt() -> None:
