@@ -320,7 +320,9 @@ class GatewaySocket(AsyncWebsocketConsumer):
     def push_close(self, code: int) -> None:
         """Close the socket with ``code`` once the frames already queued are sent."""
         if self._open and self._close_code is None:
-            self._close_code = code
+            # A plain int: daphne's WebSocket library refuses a subclass such
+            # as CloseCode and drops the connection (1006) instead of closing.
+            self._close_code = int(code)
             self._outbox_ready.set()
 
     async def _write_loop(self) -> None:

@@ -28,7 +28,8 @@ from gateway.core.protocol import (
     RejectFrame,
     check_name,
 )
-from gateway.topics.broadcast import CLOSE_SLOW_CONSUMER, CLOSE_STREAM_RESTARTED, Broadcaster, Start
+from gateway.core.wire import CloseCode
+from gateway.topics.broadcast import Broadcaster, Start
 
 __all__ = ["SubscriberSocket"]
 
@@ -89,11 +90,11 @@ class SubscriberSocket(GatewaySocket):
 
     def slow_consumer(self) -> None:
         """Close with 4008: a ``block`` buffer stayed full past the block wait."""
-        self.push_close(CLOSE_SLOW_CONSUMER)
+        self.push_close(CloseCode.SLOW_CONSUMER)
 
     def stream_restarted(self) -> None:
         """Close with 4409: the topic's offsets restarted (a new epoch); resubscribe."""
-        self.push_close(CLOSE_STREAM_RESTARTED)
+        self.push_close(CloseCode.STREAM_RESTARTED)
 
     def handle(self, frame: ClientFrame) -> None:
         match frame:

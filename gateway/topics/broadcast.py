@@ -53,12 +53,11 @@ from gateway.core.history import (
     plan_latest,
     plan_resume,
 )
+from gateway.core.wire import encode_entry, encode_messages, encode_subscribed
 from gateway.runtime import metrics
 from gateway.topics.settings import TopicSettingsCache
 
 __all__ = [
-    "CLOSE_SLOW_CONSUMER",
-    "CLOSE_STREAM_RESTARTED",
     "Broadcaster",
     "Published",
     "SharedTopics",
@@ -68,13 +67,6 @@ __all__ = [
 
 log = logging.getLogger("leasecast.broadcast")
 
-#: Close code for a ``block`` subscriber that stayed full (protocol: Broadcast topics).
-CLOSE_SLOW_CONSUMER = 4008
-#: Close code for subscribers of a topic whose offsets restarted (a new epoch,
-#: e.g. Redis lost its data): reconnecting with ``since``/``epoch`` is answered
-#: ``recovered: false`` (docs/protocol.md, Topics). Not 1012: daphne's
-#: WebSocket library lets an application close only with 1000 or 3000-4999.
-CLOSE_STREAM_RESTARTED = 4409
 #: Messages the sender takes per turn before letting the loop run other work.
 SEND_BUDGET = 2048
 #: Messages a resuming subscriber is replayed per read of the history.
@@ -206,30 +198,6 @@ class _Followed:
         await self._drained.wait()
 
 
-def encode_entry(entry_offset: int, body: bytes) -> bytes:
-    """A ``messages`` item without its ``seq``, made once per publish (not per socket)."""
-    return b'"offset":%d,"body":%s' % (entry_offset, body)
-
-
-def encode_messages(topic: str, items: list[tuple[int, bytes]], dropped: int) -> str:
-    """``{"op": "messages", "topic", "items": [{"seq", "offset", "body"}...], "dropped"}``.
-
-    Each item's payload is :func:`encode_entry`'s; the dispatcher stores it
-    as the message, so the offset rides along without the core knowing.
-    """
-    parts = b",".join(b'{"seq":%d,%s}' % (seq, payload) for seq, payload in items)
-    return f'{{"op":"messages","topic":"{topic}","items":[{parts.decode()}],"dropped":{dropped}}}'
-
-
-def encode_subscribed(topic: str, head: Head, recovered: bool) -> str:
-    """``{"op": "subscribed", "topic", "epoch", "offset", "recovered"}`` (protocol 1.1)."""
-    flag = "true" if recovered else "false"
-    return (
-        f'{{"op":"subscribed","topic":"{topic}","epoch":"{head.epoch}",'
-        f'"offset":{head.offset},"recovered":{flag}}}'
-    )
-
-
 class Broadcaster:
     """Topics, subscribers, offsets and the sender of one process.
 
@@ -337,7 +305,8 @@ class Broadcaster:
             return sub
         if start.resume is None:
             return sub
-        sink.push(encode_subscribed(topic, start.head, start.resume.recovered))
+        head = start.head
+        sink.push(encode_subscribed(topic, head.epoch, head.offset, start.resume.recovered))
         after = start.resume.after
         if after is not None and followed is not None and after != followed.dispatched:
             # Off the live stream until the replay reaches what is dispatched.
