@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, cast
 from urllib.parse import parse_qs
 
@@ -19,13 +20,7 @@ from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from consumers.limits import (
-    CLOSE_TOO_MANY_SOCKETS,
-    RateLimited,
-    frame_cost,
-    limit_key,
-    too_many_sockets,
-)
+from consumers.limits import RateLimited, frame_cost, limit_key, too_many_sockets
 from gateway.access.auth import PRINCIPAL_KEY, SessionGrant, principal_for_signed
 from gateway.conf import GatewaySettings, gateway_settings
 from gateway.core.errors import Forbidden, Invalid, ProtocolError, Unavailable
@@ -35,17 +30,22 @@ from gateway.core.protocol import (
     EnqueueFrame,
     EnqueueManyFrame,
     PublishFrame,
-    Ref,
     RefreshFrame,
     decode_object,
-    encode,
-    encode_enqueued,
-    encode_error,
     parse_frame,
     parse_refresh,
     read_ref,
 )
 from gateway.core.scopes import Action, Principal
+from gateway.core.wire import (
+    CloseCode,
+    Ref,
+    encode_enqueued,
+    encode_enqueued_many,
+    encode_error,
+    encode_published,
+    encode_refreshed,
+)
 from gateway.engine import Engine
 from gateway.runtime import current_runtime, metrics
 from gateway.server.transport import SocketWindow, transport_flow
@@ -53,11 +53,6 @@ from gateway.store import Enqueue, EnqueueResult, Result
 from gateway.topics.broadcast import Published
 
 __all__ = [
-    "CLOSE_FORBIDDEN",
-    "CLOSE_INVALID",
-    "CLOSE_TOKEN_EXPIRED",
-    "CLOSE_TOO_BIG",
-    "CLOSE_UNAVAILABLE",
     "GatewaySocket",
     "int_param",
 ]
@@ -65,15 +60,6 @@ __all__ = [
 log = logging.getLogger("leasecast.socket")
 
 _socket_ids = itertools.count(1)
-
-CLOSE_TOO_BIG = 1009
-CLOSE_INVALID = 4400
-CLOSE_FORBIDDEN = 4403
-#: The socket could not be opened for a transient failure (``unavailable``,
-#: e.g. Redis down while a subscriber's topic is looked up): retry it.
-CLOSE_UNAVAILABLE = 4503
-#: The socket's token expired or was revoked (protocol 1.1: token lifetime).
-CLOSE_TOKEN_EXPIRED = 4401
 
 
 class GatewaySocket(AsyncWebsocketConsumer):
@@ -167,11 +153,11 @@ class GatewaySocket(AsyncWebsocketConsumer):
             await self.accept()
             await self.send(text_data=encode_error(exc.code, exc.detail))
             if isinstance(exc, Forbidden):
-                code = CLOSE_FORBIDDEN
+                code = CloseCode.FORBIDDEN
             elif isinstance(exc, Unavailable):
-                code = CLOSE_UNAVAILABLE  # transient: the client retries
+                code = CloseCode.UNAVAILABLE  # transient: the client retries
             else:
-                code = CLOSE_INVALID
+                code = CloseCode.INVALID
             await self.close(code=code)
             return
         if not self.limiter.open_socket(self.limit_key).admitted:
@@ -179,7 +165,7 @@ class GatewaySocket(AsyncWebsocketConsumer):
             await self.accept()
             refusal = too_many_sockets(principal, self.limiter.limits.max_sockets)
             await self.send(text_data=encode_error(refusal.code, refusal.detail))
-            await self.close(code=CLOSE_TOO_MANY_SOCKETS)
+            await self.close(code=CloseCode.TOO_MANY_SOCKETS)
             return
         self._slot_held = True
         await self.accept()
@@ -232,7 +218,7 @@ class GatewaySocket(AsyncWebsocketConsumer):
             # Over the transport limit: the protocol closes with 1009. Under
             # gateway.serve daphne itself enforces the limit; this is for
             # servers started without it.
-            await self.close(code=CLOSE_TOO_BIG)
+            await self.close(code=CloseCode.MESSAGE_TOO_BIG)
             return
         self.receive_text(text_data)
 
@@ -257,7 +243,7 @@ class GatewaySocket(AsyncWebsocketConsumer):
             else:
                 self.handle(frame)
         except RateLimited as exc:
-            self.push(encode(exc.frame(), _ref_of(obj)))
+            self.push(exc.error_frame(_ref_of(obj)))
         except ProtocolError as exc:
             ref = _ref_of(obj)
             if self._rated and not charged:
@@ -266,7 +252,7 @@ class GatewaySocket(AsyncWebsocketConsumer):
                 decision = self.limiter.admit(self.limit_key, 1)
                 if not decision.admitted:
                     limited = RateLimited(self.principal, decision, self.limiter.limits.rate)
-                    self.push(encode(limited.frame(), ref))
+                    self.push(limited.error_frame(ref))
                     return
             self.push(encode_error(exc.code, exc.detail, ref))
         except Exception:
@@ -298,12 +284,12 @@ class GatewaySocket(AsyncWebsocketConsumer):
         """The socket started (``writable``) or stopped taking frames: a few are
         pending already, or its transport's write buffer is full (design decision 14)."""
 
-    def reply(self, result: Result, ref: Ref, make: Any) -> None:
-        """Push ``make(result)`` as the reply, or the error frame if ``result`` is one."""
+    def reply(self, result: Result, ref: Ref, encode_reply: Callable[[Any, Ref], str]) -> None:
+        """Push ``encode_reply(result, ref)``, or the error frame if ``result`` is one."""
         if isinstance(result, ProtocolError):
             self.push(encode_error(result.code, result.detail, ref))
         else:
-            self.push(encode(make(result), ref))
+            self.push(encode_reply(result, ref))
 
     def identity(self) -> dict[str, Any]:
         """The fields every socket's ``describe()`` starts with."""
@@ -316,6 +302,12 @@ class GatewaySocket(AsyncWebsocketConsumer):
             "principal": self.principal.name,
             "connected_at": self.connected_at,
         }
+
+    async def close(self, code: int | bool | None = None, reason: str | None = None) -> None:
+        """Close the socket with ``code`` (a :class:`CloseCode`) now."""
+        # A plain int: daphne's WebSocket library refuses an int subclass such
+        # as CloseCode and drops the connection (1006) instead of closing.
+        await super().close(int(code) if isinstance(code, CloseCode) else code, reason)
 
     def push_close(self, code: int) -> None:
         """Close the socket with ``code`` once the frames already queued are sent."""
@@ -404,14 +396,14 @@ class GatewaySocket(AsyncWebsocketConsumer):
 
     def _token_expired(self) -> None:
         self._expiry = None
-        self.push_close(CLOSE_TOKEN_EXPIRED)
+        self.push_close(CloseCode.UNAUTHORIZED)
 
     def token_revoked(self) -> None:
         """The stored token of this socket was revoked or deleted, or its session
         ended or lost rights the socket was opened with: close with 4401."""
         self._watched_token = None
         self._watched_session = None
-        self.push_close(CLOSE_TOKEN_EXPIRED)
+        self.push_close(CloseCode.UNAUTHORIZED)
 
     def refresh(self, frame: RefreshFrame) -> None:
         """``refresh``: go on under a new signed token of the same ``sub``.
@@ -445,7 +437,7 @@ class GatewaySocket(AsyncWebsocketConsumer):
         self._verdicts.clear()
         self._arm_token_expiry(new.expires_at)
         expires_in = max(0, int(new.expires_at - time.time()))
-        self.push(encode({"op": "refreshed", "expires_in": expires_in}, frame.ref))
+        self.push(encode_refreshed(expires_in, frame.ref))
 
     def publish(self, frame: PublishFrame) -> None:
         """PUBLISH on any socket with the scope (protocol: Publish)."""
@@ -454,7 +446,7 @@ class GatewaySocket(AsyncWebsocketConsumer):
         topic, ref = frame.topic, frame.ref
         done = broadcaster.publish_now(topic, frame.body_json)
         if done is not None:
-            self.push(encode(_published(topic, done), ref))
+            self.push(encode_published(topic, done.offset, done.epoch, ref))
             return
 
         def landed(task: asyncio.Future[Published]) -> None:
@@ -462,7 +454,8 @@ class GatewaySocket(AsyncWebsocketConsumer):
                 return
             exc = task.exception()
             if exc is None:
-                self.push(encode(_published(topic, task.result()), ref))
+                done = task.result()
+                self.push(encode_published(topic, done.offset, done.epoch, ref))
             elif isinstance(exc, ProtocolError):  # backpressure, or unavailable storage
                 self.push(encode_error(exc.code, exc.detail, ref))
             else:
@@ -518,16 +511,5 @@ def _ref_of(obj: dict[str, Any] | None) -> Ref:
     return None if obj is None else read_ref(obj)
 
 
-def _enqueued_many(results: list[EnqueueResult]) -> dict[str, Any]:
-    return {"op": "enqueued_many", "results": [r.as_json() for r in results]}
-
-
-def _published(topic: str, done: Published) -> dict[str, Any]:
-    """The ``published`` reply: ``seq`` (v1) is the offset, which grows by one per publish."""
-    return {
-        "op": "published",
-        "topic": topic,
-        "seq": done.offset,
-        "offset": done.offset,
-        "epoch": done.epoch,
-    }
+def _enqueued_many(results: list[EnqueueResult], ref: Ref) -> str:
+    return encode_enqueued_many([r.as_json() for r in results], ref)

@@ -16,13 +16,18 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import orjson
 from channels.db import database_sync_to_async
 
 from consumers.base import GatewaySocket
 from dashboard.live import INTERVAL, Exchange, alerts
 from gateway.core.errors import Forbidden, NotFound, ProtocolError
-from gateway.core.protocol import ClientFrame, DisconnectFrame, encode
+from gateway.core.protocol import ClientFrame, DisconnectFrame
+from gateway.core.wire import (
+    encode_disconnected,
+    encode_error,
+    encode_history,
+    encode_snapshot,
+)
 from gateway.host.operations import audit
 
 __all__ = ["DashboardSocket"]
@@ -52,7 +57,7 @@ class DashboardSocket(GatewaySocket):
 
     async def _tick(self) -> None:
         history = self.exchange.history
-        kept = orjson.dumps({"op": "history", **history.as_json()}).decode()
+        kept = encode_history(**history.as_json())
         sent = history.samples[-1]["t"] + 1 if history.samples else 0.0
         while True:
             try:
@@ -66,16 +71,15 @@ class DashboardSocket(GatewaySocket):
             if fresh:
                 sent = fresh[-1]["t"] + 1
             current = history.current()
-            snapshot = {
-                "op": "snapshot",
-                "queues": queues,
-                "processes": processes,
-                "alerts": alerts(processes, queues, self.exchange.oldest_alert),
-                "oldest_alert": self.exchange.oldest_alert,
-                "samples": [*fresh, *([current] if current else [])],
-                "labels": history.dropping_labels(),
-            }
-            self.push(orjson.dumps(snapshot, default=str).decode())
+            snapshot = encode_snapshot(
+                queues=queues,
+                processes=processes,
+                alerts=alerts(processes, queues, self.exchange.oldest_alert),
+                oldest_alert=self.exchange.oldest_alert,
+                samples=[*fresh, *([current] if current else [])],
+                labels=history.dropping_labels(),
+            )
+            self.push(snapshot)
             if kept:
                 self.push(kept)  # once, after the first snapshot
                 kept = ""
@@ -97,12 +101,10 @@ class DashboardSocket(GatewaySocket):
                         )
                         self._audits.add(record)  # kept alive until written
                         record.add_done_callback(self._audits.discard)
-                        self.push(encode({"op": "disconnected", "socket": frame.socket}, ref))
+                        self.push(encode_disconnected(frame.socket, ref))
                     else:
                         err = NotFound(f"no socket {frame.socket} on {frame.process}")
-                        self.push(
-                            encode({"op": "error", "code": err.code, "detail": err.detail}, ref)
-                        )
+                        self.push(encode_error(err.code, err.detail, ref))
 
                 task = asyncio.ensure_future(self.exchange.disconnect(frame.process, frame.socket))
                 task.add_done_callback(done)

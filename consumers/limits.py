@@ -12,23 +12,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable
-from typing import Any
 
 from gateway.core.errors import Backpressure
 from gateway.core.protocol import AckFrame, AckManyFrame, ClientFrame, CreditFrame, EnqueueManyFrame
 from gateway.core.ratelimit import Decision
 from gateway.core.scopes import Principal
+from gateway.core.wire import Ref, encode_error
 
 __all__ = [
-    "CLOSE_TOO_MANY_SOCKETS",
     "RateLimited",
     "frame_cost",
     "limit_key",
     "too_many_sockets",
 ]
-
-#: Close code of a socket refused for its token's socket limit (as HTTP 429).
-CLOSE_TOO_MANY_SOCKETS = 4429
 
 
 def limit_key(principal: Principal) -> Hashable:
@@ -66,14 +62,9 @@ class RateLimited(Backpressure):
         self.retry_after = decision.retry_after
         self.wait: float = decision.retry_after
 
-    def frame(self) -> dict[str, Any]:
+    def error_frame(self, ref: Ref = None) -> str:
         """The error frame, with the extension field ``retry_after`` (seconds)."""
-        return {
-            "op": "error",
-            "code": self.code,
-            "detail": self.detail,
-            "retry_after": round(self.wait, 3),
-        }
+        return encode_error(self.code, self.detail, ref, retry_after=self.wait)
 
     def retry_after_header(self) -> str:
         """``Retry-After``: whole seconds, at least 1."""

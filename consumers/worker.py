@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import Callable
 from typing import Any, assert_never
 
 from consumers.base import GatewaySocket, int_param
 from gateway.core.errors import Invalid, ProtocolError, StaleReceipt
 from gateway.core.leases import MAX_TIMEOUT, WorkerLeases
 from gateway.core.protocol import (
-    ACKED,
     AckFrame,
     AckManyFrame,
     ClientFrame,
@@ -29,9 +29,17 @@ from gateway.core.protocol import (
     PublishFrame,
     RejectFrame,
     check_name,
-    encode,
+)
+from gateway.core.wire import (
+    ACKED,
+    Ref,
+    encode_acked,
+    encode_acked_many,
     encode_deliver,
     encode_deliveries,
+    encode_extended,
+    encode_nacked,
+    encode_rejected,
 )
 from gateway.engine.pump import QueuePump
 from gateway.store import Ack, AckResult, Delivered, Extend, Nack, Reject, Release, Result
@@ -164,9 +172,10 @@ class WorkerSocket(GatewaySocket):
             case AckManyFrame():
                 self._ack_many(frame)
             case NackFrame():
-                self._end(frame, Nack(self.queue, frame.receipt, frame.delay, frame.task), "nacked")
+                nack = Nack(self.queue, frame.receipt, frame.delay, frame.task)
+                self._end(frame, nack, encode_nacked)
             case RejectFrame():
-                self._end(frame, Reject(frame.receipt), "rejected")
+                self._end(frame, Reject(frame.receipt), encode_rejected)
             case ExtendFrame():
                 self._extend(frame)
             case PublishFrame():
@@ -206,7 +215,7 @@ class WorkerSocket(GatewaySocket):
                 self.acked += 1
                 self.engine.count(self.queue, "acked")
                 if not follow_ups:
-                    self.push(ACKED if ref is None else encode({"op": "acked"}, ref))
+                    self.push(ACKED if ref is None else encode_acked(ref))
                     return
             self.reply(result, ref, _acked_with_follow_ups)
 
@@ -232,15 +241,17 @@ class WorkerSocket(GatewaySocket):
                 # by one lease round rather than one per receipt.
                 self.pump.poke()
                 acked = len(held) - sum(1 for r in not_acked if r in held)
-                self.push(encode({"op": "acked_many", "acked": acked, "stale": not_acked}, ref))
+                self.push(encode_acked_many(acked, not_acked, ref))
 
         if not held:
-            self.push(encode({"op": "acked_many", "acked": 0, "stale": not_acked}, ref))
+            self.push(encode_acked_many(0, not_acked, ref))
             return
         for receipt in held:
             self.engine.submit(Ack(receipt), functools.partial(landed, receipt))
 
-    def _end(self, frame: NackFrame | RejectFrame, op: Nack | Reject, reply_op: str) -> None:
+    def _end(
+        self, frame: NackFrame | RejectFrame, op: Nack | Reject, encode_reply: Callable[[Ref], str]
+    ) -> None:
         self._check_held(frame.receipt)
         ref = frame.ref
 
@@ -250,7 +261,7 @@ class WorkerSocket(GatewaySocket):
                     self.nacked += 1
                 else:
                     self.rejected += 1
-            self.reply(result, ref, lambda _: {"op": reply_op})
+            self.reply(result, ref, lambda _, echo: encode_reply(echo))
 
         self.engine.submit(op, landed)
 
@@ -264,14 +275,7 @@ class WorkerSocket(GatewaySocket):
                 self._arm_expiry()
             else:
                 self._settle(frame.receipt, result)
-            self.reply(
-                result,
-                ref,
-                lambda expires_at: {
-                    "op": "extended",
-                    "expires_in": round(expires_at - time.time(), 3),
-                },
-            )
+            self.reply(result, ref, lambda at, echo: encode_extended(at - time.time(), echo))
 
         self.engine.submit(Extend(frame.receipt, frame.timeout), landed)
 
@@ -291,8 +295,8 @@ class WorkerSocket(GatewaySocket):
         }
 
 
-def _acked_with_follow_ups(result: AckResult) -> dict[str, Any]:
-    return {"op": "acked", "enqueued": [r.as_json() for r in result.enqueued]}
+def _acked_with_follow_ups(result: AckResult, ref: Ref) -> str:
+    return encode_acked(ref, [r.as_json() for r in result.enqueued])
 
 
 def _ignore(_: Result) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.conf import gateway_settings
+from gateway.core.wire import CloseCode
 from gateway.engine import Engine
 from gateway.runtime.layer import ProcessChannel
 from gateway.runtime.metrics import local_queue_counters
@@ -45,8 +46,6 @@ GROUP = "leasecast.dashboard"
 #: Seconds between snapshots; a peer silent for STALE_AFTER is dropped from view.
 INTERVAL = 1.0
 STALE_AFTER = 5.0
-#: Close code for a socket an operator disconnected.
-CLOSE_BY_OPERATOR = 4000
 #: Seconds per history sample, and samples kept: 15 minutes. Five-second
 #: samples keep the first frame of a page with 200 queues well under a
 #: megabyte (180 samples, not 900); the open sample is sent every second.
@@ -342,7 +341,7 @@ class Exchange:
         """Close one socket of this process; True if it was found."""
         for socket in list(self.engine.sockets):
             if socket.sid == sid:
-                socket.push_close(CLOSE_BY_OPERATOR)
+                socket.push_close(CloseCode.DISCONNECTED_BY_OPERATOR)
                 return True
         return False
 

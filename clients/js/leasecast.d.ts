@@ -32,6 +32,22 @@ export declare class NotFound extends ProtocolError {}
 export declare class Backpressure extends ProtocolError {}
 export declare class Unavailable extends ProtocolError {}
 
+/** The WebSocket close codes of the gateway (docs/protocol.md, Errors), as in the Python client. */
+export declare const CloseCode: {
+  readonly NORMAL_CLOSURE: 1000;
+  readonly GOING_AWAY: 1001;
+  readonly ABNORMAL_CLOSURE: 1006;
+  readonly MESSAGE_TOO_BIG: 1009;
+  readonly DISCONNECTED_BY_OPERATOR: 4000;
+  readonly SLOW_CONSUMER: 4008;
+  readonly INVALID: 4400;
+  readonly UNAUTHORIZED: 4401;
+  readonly FORBIDDEN: 4403;
+  readonly STREAM_RESTARTED: 4409;
+  readonly TOO_MANY_SOCKETS: 4429;
+  readonly UNAVAILABLE: 4503;
+};
+
 /** The socket closed (or never opened). */
 export declare class ConnectionClosed extends LeasecastError {
   readonly code: number;

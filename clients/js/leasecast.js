@@ -16,6 +16,27 @@ export const VERSION = "0.1.0";
 
 // ---------------------------------------------------------------- errors ----
 
+/**
+ * The WebSocket close codes of the gateway (docs/protocol.md, Errors). The
+ * Python client's `leasecast.CloseCode` holds the same names and numbers; a
+ * test checks that the two agree.
+ */
+export const CloseCode = Object.freeze({
+  NORMAL_CLOSURE: 1000,
+  GOING_AWAY: 1001,
+  ABNORMAL_CLOSURE: 1006,
+  MESSAGE_TOO_BIG: 1009,
+  DISCONNECTED_BY_OPERATOR: 4000,
+  SLOW_CONSUMER: 4008,
+  INVALID: 4400,
+  UNAUTHORIZED: 4401,
+  FORBIDDEN: 4403,
+  STREAM_RESTARTED: 4409,
+  TOO_MANY_SOCKETS: 4429,
+  UNAVAILABLE: 4503,
+});
+
+
 /** Root of every error this client raises. */
 export class LeasecastError extends Error {
   constructor(message) {
@@ -72,7 +93,7 @@ export class Unavailable extends ProtocolError {
 
 /** The socket closed (or never opened); `code` and `reason` are the WebSocket close's. */
 export class ConnectionClosed extends LeasecastError {
-  constructor(code = 1006, reason = "") {
+  constructor(code = CloseCode.ABNORMAL_CLOSURE, reason = "") {
     super(`connection closed (${code}${reason ? `: ${reason}` : ""})`);
     this.code = code;
     this.reason = reason;
@@ -333,8 +354,8 @@ export function refreshDelay(token, { obtainedAt, now, lead = 30_000, floor = 1_
  *   consumer 4008, too many sockets 4429, a dashboard disconnect 4000...).
  */
 export function closeAction(code, { canRenewToken = false } = {}) {
-  if (code === 4400 || code === 4403) return "stop";
-  if (code === 4401) return canRenewToken ? "token" : "stop";
+  if (code === CloseCode.INVALID || code === CloseCode.FORBIDDEN) return "stop";
+  if (code === CloseCode.UNAUTHORIZED) return canRenewToken ? "token" : "stop";
   return "retry";
 }
 
@@ -346,7 +367,7 @@ export function closeAction(code, { canRenewToken = false } = {}) {
  */
 export function refusedAtOpen(code, frames) {
   return (
-    code === 4401 &&
+    code === CloseCode.UNAUTHORIZED &&
     frames.length === 1 &&
     frames[0].op === "error" &&
     frames[0].code === "unauthorized"
@@ -356,9 +377,9 @@ export function refusedAtOpen(code, frames) {
 /** The typed error for a final close, preferring the `error` frame the gateway sent just before. */
 export function closeError(code, reason, lastError) {
   if (lastError instanceof ProtocolError) return lastError;
-  if (code === 4403) return new Forbidden(reason || "outside the token's scopes");
-  if (code === 4400) return new Invalid(reason || "invalid socket parameters");
-  if (code === 4401) return new Unauthorized(reason || "token expired or revoked");
+  if (code === CloseCode.FORBIDDEN) return new Forbidden(reason || "outside the token's scopes");
+  if (code === CloseCode.INVALID) return new Invalid(reason || "invalid socket parameters");
+  if (code === CloseCode.UNAUTHORIZED) return new Unauthorized(reason || "token expired or revoked");
   return new ConnectionClosed(code, reason);
 }
 
@@ -663,7 +684,7 @@ class Link {
   _lost(code, reason, openedAt) {
     this._clearTimers();
     // Requests sent on a socket whose token was refused fail as what they are.
-    const refused = code === 4401 && this.lastError instanceof Unauthorized;
+    const refused = code === CloseCode.UNAUTHORIZED && this.lastError instanceof Unauthorized;
     this.pending.failAll(refused ? this.lastError : new ConnectionClosed(code, reason));
     this.lost();
     if (this.closed) {
@@ -744,17 +765,17 @@ class Link {
   /** Resolves once a socket is open (or the link has stopped). */
   whenOpen() {
     if (this.ws && this.ws.readyState === OPEN) return Promise.resolve();
-    if (this.closed) return Promise.reject(this.error || new ConnectionClosed(1000, "closed"));
+    if (this.closed) return Promise.reject(this.error || new ConnectionClosed(CloseCode.NORMAL_CLOSURE, "closed"));
     return new Promise((resolve) => this._waiters.push(resolve)).then(() => {
       if (!this.ws || this.ws.readyState !== OPEN) {
-        throw this.error || new ConnectionClosed(1000, "closed");
+        throw this.error || new ConnectionClosed(CloseCode.NORMAL_CLOSURE, "closed");
       }
     });
   }
 
   _request(ws, frame) {
     if (!ws || ws.readyState !== OPEN || this.ws !== ws) {
-      return Promise.reject(new ConnectionClosed(1006, "not connected"));
+      return Promise.reject(new ConnectionClosed(CloseCode.ABNORMAL_CLOSURE, "not connected"));
     }
     const { ref, promise } = this.pending.add();
     ws.send(JSON.stringify({ ...frame, ref }));
@@ -774,7 +795,7 @@ class Link {
       this._clearTimers();
       const ws = this.ws;
       if (ws && ws.readyState <= OPEN) {
-        ws.close(1000);
+        ws.close(CloseCode.NORMAL_CLOSURE);
       } else {
         this.ws = null;
         this._finish(null);

@@ -68,12 +68,11 @@ from django.utils.crypto import constant_time_compare
 from gateway.access.tokens import is_signed_token, principal_for_claims, verify_signed_token
 from gateway.conf import gateway_settings
 from gateway.core.errors import Unauthorized
-from gateway.core.protocol import encode_error
 from gateway.core.scopes import OPERATOR_RIGHTS, Principal, operator_principal
+from gateway.core.wire import CloseCode, encode_error
 from gateway.models import Token, hash_token
 
 __all__ = [
-    "CLOSE_UNAUTHORIZED",
     "PRINCIPAL_KEY",
     "RevocationWatch",
     "SessionGrant",
@@ -94,10 +93,6 @@ log = logging.getLogger("leasecast.auth")
 
 #: Where the middleware leaves the caller in the ASGI scope.
 PRINCIPAL_KEY = "leasecast.principal"
-
-#: Close code of a socket whose caller is not (or no longer) recognised: a
-#: refused token, an expired or revoked one, a session that ended.
-CLOSE_UNAUTHORIZED = 4401
 
 #: What a refused browser socket is told: never the token, nor which check failed.
 NO_TOKEN = (
@@ -283,7 +278,7 @@ async def refuse_unauthorized(receive: Any, send: Any, detail: str) -> None:
     """Refuse a browser's socket so that its page can tell why (an ASGI app's body).
 
     Accepts the handshake, sends one ``unauthorized`` error frame and closes
-    with :data:`CLOSE_UNAUTHORIZED`, then waits for the disconnect, ignoring
+    with ``CloseCode.UNAUTHORIZED``, then waits for the disconnect, ignoring
     whatever the client sends meanwhile: no consumer runs, nothing is read
     from the database.
     """
@@ -292,7 +287,8 @@ async def refuse_unauthorized(receive: Any, send: Any, detail: str) -> None:
         return
     await send({"type": "websocket.accept"})
     await send({"type": "websocket.send", "text": encode_error("unauthorized", detail)})
-    await send({"type": "websocket.close", "code": CLOSE_UNAUTHORIZED})
+    # A plain int: daphne's WebSocket library refuses an int subclass as a code.
+    await send({"type": "websocket.close", "code": int(CloseCode.UNAUTHORIZED)})
     while message["type"] != "websocket.disconnect":
         message = await receive()
 

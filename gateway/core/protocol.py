@@ -1,4 +1,4 @@
-"""The wire protocol: typed client frames, their parser, and server frame encoders.
+"""The wire protocol's client side: typed client frames and their parser.
 
 Pure: no Django, no I/O. The consumers, the HTTP views and the client SDK all
 use it, so a rule of ``docs/protocol.md`` is written down once, here.
@@ -9,6 +9,7 @@ a :class:`~gateway.errors.ProtocolError` whose code says what was wrong
 ``too_large`` for sizes, ``unknown_op`` for an op the socket does not know).
 Bodies are kept as their canonical JSON bytes (``body_json``): the store keeps
 them as text and the ``deliver`` encoder splices them back in without parsing.
+Every frame the gateway sends is built in :mod:`gateway.core.wire`.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ import orjson
 
 from gateway.core.errors import BadFrame, Invalid, TooLarge, UnknownOp
 from gateway.core.leases import MAX_TIMEOUT
+from gateway.core.wire import Ref
 
 __all__ = [
-    "ACKED",
     "ENQUEUE_FIELDS",
     "FOLLOW_UP_FIELDS",
     "MAX_BATCH",
@@ -56,18 +57,11 @@ __all__ = [
     "TaskOutcome",
     "check_name",
     "decode_object",
-    "encode",
-    "encode_deliver",
-    "encode_deliveries",
-    "encode_enqueued",
-    "encode_error",
     "parse_enqueue_spec",
     "parse_frame",
     "parse_refresh",
     "unknown_fields",
 ]
-
-Ref: TypeAlias = str | int | float | None
 
 # Hot records: those made once or more per message of a work-queue cycle
 # (EnqueueSpec, EnqueueFrame, AckFrame here; Enqueue, Ack, EnqueueResult and
@@ -664,87 +658,3 @@ def _read_follow_ups(
         except (BadFrame, Invalid, TooLarge) as exc:
             raise type(exc)(f"enqueue[{index}]: {exc.detail}") from exc
     return tuple(follow_ups)
-
-
-# -- server frames -------------------------------------------------------------
-
-
-_I64_MIN = -(2**63)
-_U64_MAX = 2**64 - 1
-
-
-def encode(frame: dict[str, Any], ref: Ref = None) -> str:
-    """Encode a server frame, echoing ``ref`` when the client frame had one."""
-    if ref is not None:
-        if isinstance(ref, int) and not _I64_MIN <= ref <= _U64_MAX:
-            # orjson refuses integers beyond 64 bits; the ref is echoed as sent
-            # (its digits are exactly what the client wrote, decoded exactly).
-            frame["ref"] = orjson.Fragment(str(ref))
-        else:
-            frame["ref"] = ref
-    return orjson.dumps(frame).decode()
-
-
-def encode_enqueued(msg_id: str, duplicate: bool, ref: Ref = None) -> str:
-    """Encode ``{"op": "enqueued", "id", "duplicate"}``, the reply to every ENQUEUE.
-
-    Without a ``ref`` the frame is spliced, as ``deliver`` is: ids are the
-    store's integers as text, which JSON needs no escaping for.
-    """
-    if ref is not None:
-        return encode({"op": "enqueued", "id": msg_id, "duplicate": duplicate}, ref)
-    return f'{{"op":"enqueued","id":"{msg_id}","duplicate":{"true" if duplicate else "false"}}}'
-
-
-#: ``{"op": "acked"}`` without a ``ref``: the reply to most acks, made once.
-ACKED = encode({"op": "acked"})
-
-
-def encode_error(code: str, detail: str, ref: Ref = None) -> str:
-    """Encode ``{"op": "error", "code", "detail", "ref"?}``."""
-    return encode({"op": "error", "code": code, "detail": detail}, ref)
-
-
-def _extra_fields(group: str | None, priority: int) -> str:
-    """The protocol 1.1 fields of a delivery, present when the message has them."""
-    if group is None and priority == 0:
-        return ""
-    text = f',"priority":{priority}'
-    if group is not None:
-        text += f',"group":{orjson.dumps(group).decode()}'
-    return text
-
-
-def encode_deliveries(
-    queue: str, items: list[tuple[str, str, str, int, float, str | None, int]]
-) -> str:
-    """Extension: several deliveries in one ``deliveries`` frame (``?batch=N`` sockets).
-
-    ``items`` are ``(id, receipt, body_json, deliveries, expires_in, group, priority)``.
-    """
-    parts = [
-        f'{{"id":"{msg_id}","receipt":"{receipt}","body":{body_json},'
-        f'"deliveries":{deliveries},"expires_in":{expires_in:.3f}'
-        f"{_extra_fields(group, priority)}}}"
-        for msg_id, receipt, body_json, deliveries, expires_in, group, priority in items
-    ]
-    return f'{{"op":"deliveries","queue":"{queue}","items":[{",".join(parts)}]}}'
-
-
-def encode_deliver(
-    queue: str,
-    msg_id: str,
-    receipt: str,
-    body_json: str,
-    deliveries: int,
-    expires_in: float,
-    group: str | None = None,
-    priority: int = 0,
-) -> str:
-    """Encode a ``deliver`` frame, splicing the stored body JSON in unparsed."""
-    # The body was validated and canonicalised on enqueue, so splicing is safe.
-    return (
-        f'{{"op":"deliver","queue":"{queue}","id":"{msg_id}","receipt":"{receipt}",'
-        f'"body":{body_json},"deliveries":{deliveries},"expires_in":{expires_in:.3f}'
-        f"{_extra_fields(group, priority)}}}"
-    )

@@ -476,13 +476,45 @@ def encode_refreshed(expires_in: int, ref: Ref = None) -> str:
 # -- dashboard
 
 
-def encode_snapshot(frame: SnapshotFrame) -> str:
+def encode_snapshot(
+    *,
+    queues: Any,
+    processes: list[dict[str, Any]],
+    alerts: list[dict[str, Any]],
+    oldest_alert: float,
+    samples: list[dict[str, Any]],
+    labels: Any,
+) -> str:
     """:class:`SnapshotFrame`; values orjson cannot take (a ``Decimal``...) as text."""
+    frame: SnapshotFrame = {
+        "op": "snapshot",
+        "queues": queues,
+        "processes": processes,
+        "alerts": alerts,
+        "oldest_alert": oldest_alert,
+        "samples": samples,
+        "labels": labels,
+    }
     return orjson.dumps(frame, default=str).decode()
 
 
-def encode_history(frame: HistoryFrame) -> str:
+def encode_history(
+    *,
+    bucket: int,
+    keep: int | None,
+    queue_series: Any,
+    topic_series: Any,
+    samples: list[dict[str, Any]],
+) -> str:
     """:class:`HistoryFrame`."""
+    frame: HistoryFrame = {
+        "op": "history",
+        "bucket": bucket,
+        "keep": keep,
+        "queue_series": queue_series,
+        "topic_series": topic_series,
+        "samples": samples,
+    }
     return orjson.dumps(frame).decode()
 
 

@@ -42,6 +42,7 @@ import os
 import sys
 from typing import Any
 
+from gateway.core.wire import CloseCode
 from gateway.server.limits import raise_file_limit
 from gateway.server.options import shutdown_grace
 from gateway.server.redact import install_log_redaction, redacting_access_log
@@ -182,8 +183,7 @@ def _close_with_1001_on_shutdown() -> None:
 
         for server in self.servers:
             server.close()  # no new sockets while the open ones close
-        grace = float(os.environ.get("GATEWAY_SHUTDOWN_GRACE", "30"))
-        await close_sockets(1001, wait=min(grace, 10.0))
+        await close_sockets(CloseCode.GOING_AWAY, wait=min(shutdown_grace(), 10.0))
         await original(self, sockets)
 
     Server.shutdown = shutdown  # type: ignore[method-assign]

@@ -42,15 +42,13 @@ from daphne import server as daphne_server
 from daphne.ws_protocol import WebSocketProtocol
 from twisted.internet import reactor as _reactor
 
+from gateway.core.wire import CloseCode
 from gateway.server.options import shutdown_grace
 
 logger = logging.getLogger("leasecast.shutdown")
 # Twisted's global reactor (daphne's asyncio reactor), untyped: its interface
 # declarations do not type-check as a module attribute.
 reactor: Any = _reactor
-
-#: Close code sent to every WebSocket when the process stops (docs/protocol.md).
-GOING_AWAY = 1001
 
 
 class DrainingServer(daphne_server.Server):  # type: ignore[misc]
@@ -95,7 +93,7 @@ class DrainingServer(daphne_server.Server):  # type: ignore[misc]
         logger.info(
             "SIGTERM: stopped accepting, closed %d WebSockets with %d, waiting up to %gs",
             closed,
-            GOING_AWAY,
+            CloseCode.GOING_AWAY.value,
             self.grace,
         )
         self._wait()
@@ -113,7 +111,7 @@ class DrainingServer(daphne_server.Server):  # type: ignore[misc]
                 # the closing handshake and daphne then sends the
                 # application its websocket.disconnect.
                 protocol.sendCloseFrame(
-                    code=GOING_AWAY, reasonUtf8=b"server shutdown", isReply=False
+                    code=CloseCode.GOING_AWAY.value, reasonUtf8=b"server shutdown", isReply=False
                 )
                 closed += 1
         return closed

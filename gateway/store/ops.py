@@ -18,6 +18,7 @@ from typing import Any, Generic, Literal, TypeAlias, TypeVar
 from gateway.core.errors import ProtocolError
 from gateway.core.leases import QueueSettings
 from gateway.core.protocol import EnqueueSpec, TaskOutcome
+from gateway.core.wire import EnqueuedItem
 
 __all__ = [
     "AbortTxn",
@@ -74,7 +75,7 @@ class EnqueueResult:
     id: str
     duplicate: bool
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self) -> EnqueuedItem:
         """The wire form ``{"id", "duplicate"}``."""
         return {"id": self.id, "duplicate": self.duplicate}
 

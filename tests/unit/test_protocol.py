@@ -13,9 +13,9 @@ from gateway.core.protocol import (
     Limits,
     NackFrame,
     decode_object,
-    encode_deliver,
     parse_frame,
 )
+from gateway.core.wire import encode_deliver
 
 WORKER_OPS = frozenset({"ack", "nack", "reject", "extend", "enqueue"})
 LIMITS = Limits(max_body_bytes=64)

@@ -8,7 +8,9 @@ value where it writes ``expires_in`` with three decimals.
 
 from __future__ import annotations
 
+import ast
 import string
+from pathlib import Path
 
 import orjson
 import pytest
@@ -35,6 +37,8 @@ from gateway.core.wire import (
     encode_published,
     encode_subscribed,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def dumps(frame: object) -> str:
@@ -181,3 +185,29 @@ def test_spliced_names_need_no_escaping() -> None:
     # their characters as itself.
     for char in string.ascii_letters + string.digits + "._-":
         assert orjson.dumps(char) == f'"{char}"'.encode()
+
+
+def _builds_a_frame(node: ast.AST) -> bool:
+    """A dict with an "op" key, or an f-string that holds '"op":'."""
+    if isinstance(node, ast.Dict):
+        return any(isinstance(k, ast.Constant) and k.value == "op" for k in node.keys)
+    if isinstance(node, ast.JoinedStr):
+        return any(isinstance(v, ast.Constant) and '"op":' in str(v.value) for v in node.values)
+    return False
+
+
+#: The wire module itself, and the demo's misbehaving worker: a client of the
+#: gateway, whose frames are the client's.
+_NOT_THE_GATEWAYS = {"gateway/core/wire.py", "gateway/site/demo.py"}
+
+
+def test_every_frame_is_built_in_the_wire_module() -> None:
+    found = []
+    for top in ("gateway", "consumers", "dashboard"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel in _NOT_THE_GATEWAYS or "/migrations/" in rel:
+                continue
+            tree = ast.parse(path.read_text(), rel)
+            found += [f"{rel}:{n.lineno}" for n in ast.walk(tree) if _builds_a_frame(n)]
+    assert found == []

@@ -7,6 +7,7 @@ import {
   Backpressure,
   BadFrame,
   closeAction,
+  CloseCode,
   closeError,
   ConnectionClosed,
   CreditWindow,
@@ -342,4 +343,16 @@ test("URLs: http becomes ws, https wss, names are encoded, unset params left out
   );
   assert.equal(buildUrl("https://x.example/app/", "/ws/produce/"), "wss://x.example/ws/produce/");
   assert.equal(namePath("ws/queues", "a/b c"), "/ws/queues/a%2Fb%20c/");
+});
+
+test("CloseCode names the close codes the client acts on, and cannot be changed", () => {
+  assert.ok(Object.isFrozen(CloseCode));
+  assert.equal(closeAction(CloseCode.INVALID), "stop");
+  assert.equal(closeAction(CloseCode.FORBIDDEN), "stop");
+  assert.equal(closeAction(CloseCode.UNAUTHORIZED, { canRenewToken: true }), "token");
+  for (const code of [CloseCode.GOING_AWAY, CloseCode.SLOW_CONSUMER, CloseCode.STREAM_RESTARTED]) {
+    assert.equal(closeAction(code), "retry");
+  }
+  assert.ok(closeError(CloseCode.FORBIDDEN, "", null) instanceof Forbidden);
+  assert.equal(new ConnectionClosed().code, CloseCode.ABNORMAL_CLOSURE);
 });

@@ -6,7 +6,8 @@
   :class:`Message`), resuming from its offset after a reconnect.
 - Results are dataclasses: :class:`EnqueueResult`, :class:`PublishResult`,
   :class:`Subscribed`.
-- Errors: :mod:`leasecast.errors` (the gateway shares the same tree).
+- Errors: :mod:`leasecast.errors` (the gateway shares the same tree); close
+  codes: :class:`CloseCode` (:mod:`leasecast.close_codes`, shared too).
 - Helpers for code of your own: :func:`http_get` reads a JSON document of
   the gateway's HTTP API with a token (:mod:`leasecast.api`);
   :func:`backoff_delays` yields the jittered, capped exponential delays the
@@ -17,6 +18,7 @@
 from __future__ import annotations
 
 from leasecast.api import http_get
+from leasecast.close_codes import CloseCode
 from leasecast.link import backoff_delays
 from leasecast.producer import Producer
 from leasecast.results import EnqueueResult, PublishResult, Subscribed
@@ -24,6 +26,7 @@ from leasecast.subscriber import Message, Subscriber
 from leasecast.worker import Delivery, Worker
 
 __all__ = [
+    "CloseCode",
     "Delivery",
     "EnqueueResult",
     "Message",

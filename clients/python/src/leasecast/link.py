@@ -22,6 +22,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed as WsConnectionClosed
 from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 
+from leasecast.close_codes import CloseCode
 from leasecast.errors import (
     Backpressure,
     ConnectionClosed,
@@ -53,11 +54,14 @@ log = logging.getLogger("leasecast.client")
 
 #: Close codes after which reconnecting cannot help (protocol: Errors), and the
 #: error to raise when the server closed with one without stating an ``error`` first.
-PERMANENT_CLOSE_CODES: dict[int, type[ProtocolError]] = {4400: Invalid, 4403: Forbidden}
+PERMANENT_CLOSE_CODES: dict[int, type[ProtocolError]] = {
+    CloseCode.INVALID: Invalid,
+    CloseCode.FORBIDDEN: Forbidden,
+}
 
 #: Close code of a socket whose token expired or was revoked (protocol 1.1):
 #: not final, the owner reconnects with a fresh token.
-TOKEN_EXPIRED_CLOSE_CODE = 4401
+TOKEN_EXPIRED_CLOSE_CODE = CloseCode.UNAUTHORIZED
 
 #: How many times a request refused with ``backpressure`` and a ``retry_after``
 #: (a per-token rate limit) is sent again, after waiting what the gateway said.
