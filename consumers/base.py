@@ -47,7 +47,7 @@ from gateway.core.wire import (
     encode_refreshed,
 )
 from gateway.engine import Engine
-from gateway.runtime import current_runtime, metrics
+from gateway.runtime import current_runtime
 from gateway.server.transport import SocketWindow, transport_flow
 from gateway.store import Enqueue, EnqueueResult, Result
 from gateway.topics.broadcast import Published
@@ -142,9 +142,6 @@ class GatewaySocket(AsyncWebsocketConsumer):
         self.connected_at = time.time()
         self._verdicts: dict[tuple[str, str], bool] = {}
         self.engine = self.runtime.engine
-        # Every process shares its live state with the others' dashboards,
-        # whether or not it serves a dashboard itself.
-        self.runtime.exchange  # noqa: B018 (built on first use)
         try:
             await self.open(self.query())
             self._opening = False
@@ -175,7 +172,7 @@ class GatewaySocket(AsyncWebsocketConsumer):
         if flow is not None:
             flow.listen(self._window.transport_changed)
         self.engine.sockets.add(self)
-        metrics.socket_opened(self.kind)
+        self.runtime.metrics.registry.socket_opened(self.kind)
         self._watch_token()
         self.opened()
 
@@ -187,7 +184,7 @@ class GatewaySocket(AsyncWebsocketConsumer):
         if self._open:
             self._open = False
             self.engine.sockets.discard(self)
-            metrics.socket_closed(self.kind)
+            self.runtime.metrics.registry.socket_closed(self.kind)
             self.closed()
         if self._writer is not None:
             self._writer.cancel()

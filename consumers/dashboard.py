@@ -46,7 +46,7 @@ class DashboardSocket(GatewaySocket):
                 "the dashboard needs the 'admin' scope, a superuser, or a staff user "
                 "with the permission gateway.view_queue"
             )
-        self.exchange = self.runtime.exchange
+        self.exchange = self.runtime.part(Exchange)
         self._audits: set[asyncio.Future[None]] = set()
 
     def opened(self) -> None:

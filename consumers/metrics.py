@@ -14,6 +14,7 @@ from django.views.decorators.csrf import csrf_exempt
 from consumers.http import _charge, _principal, error_response
 from gateway.conf import gateway_settings
 from gateway.core.errors import Forbidden, ProtocolError
+from gateway.runtime import current_runtime
 from gateway.runtime import metrics as gateway_metrics
 
 __all__ = ["metrics"]
@@ -31,7 +32,8 @@ async def metrics(request: HttpRequest) -> HttpResponse:
             _charge(principal, 1)
         if request.method not in ("GET", "HEAD"):
             return JsonResponse({"error": "bad_frame", "detail": "use GET"}, status=405)
-        body = await database_sync_to_async(gateway_metrics.scrape)()
+        figures = current_runtime().metrics
+        body = await database_sync_to_async(gateway_metrics.scrape)(figures)
     except ProtocolError as exc:
         return error_response(exc)
     response = HttpResponse(body, content_type=gateway_metrics.CONTENT_TYPE)

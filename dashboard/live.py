@@ -26,8 +26,9 @@ from typing import Any
 from gateway.conf import gateway_settings
 from gateway.core.wire import CloseCode
 from gateway.engine import Engine
+from gateway.runtime import Runtime
 from gateway.runtime.layer import ProcessChannel
-from gateway.runtime.metrics import local_queue_counters
+from gateway.runtime.metrics import Registry
 from gateway.store import AllStats
 from gateway.topics.broadcast import Broadcaster
 
@@ -250,7 +251,7 @@ class RateHistory:
         }
 
 
-def process_snapshot(engine: Engine, broadcaster: Broadcaster) -> dict[str, Any]:
+def process_snapshot(engine: Engine, broadcaster: Broadcaster, figures: Registry) -> dict[str, Any]:
     """This process's live state (no database query)."""
     return {
         **engine.describe(),
@@ -259,20 +260,30 @@ def process_snapshot(engine: Engine, broadcaster: Broadcaster) -> dict[str, Any]
         "relay": broadcaster.relay_figures(),
         # What this process's store transactions counted, whichever path
         # enqueued (staged commits and operators' requeues too): gateway.runtime.metrics.
-        "counters": local_queue_counters(),
+        "counters": figures.queue_counters(),
         "topics": broadcaster.describe_topics(),
         "sockets": [socket.describe() for socket in engine.sockets],
     }
 
 
 class Exchange:
-    """Shares snapshots and disconnect requests between gateway processes."""
+    """Shares snapshots and disconnect requests between gateway processes.
+
+    A part of the process's runtime (:meth:`for_runtime`, which the site
+    registers with :func:`gateway.runtime.add_part`): every process shares its
+    live state with the others' dashboards, whether or not it serves one.
+    """
 
     def __init__(
-        self, engine: Engine, broadcaster: Broadcaster, channel: ProcessChannel | None
+        self,
+        engine: Engine,
+        broadcaster: Broadcaster,
+        channel: ProcessChannel | None,
+        figures: Registry,
     ) -> None:
         self.engine = engine
         self.broadcaster = broadcaster
+        self.figures = figures
         self.peers: dict[str, dict[str, Any]] = {}
         self.history = RateHistory()
         #: the processes' snapshots as the history last saw them (one a second)
@@ -284,6 +295,11 @@ class Exchange:
             self.channel.on("dashboard.", self._handle)
             self._joining = loop.create_task(self.channel.join(GROUP))
             self._sender = loop.create_task(self._send_loop())
+
+    @classmethod
+    def for_runtime(cls, runtime: Runtime) -> Exchange:
+        """The exchange of ``runtime``'s process (a part it builds and closes)."""
+        return cls(runtime.engine, runtime.broadcaster, runtime.channel, runtime.metrics.registry)
 
     def close(self) -> None:
         """Stop sampling and sending."""
@@ -323,7 +339,7 @@ class Exchange:
         while True:
             await asyncio.sleep(INTERVAL)
             try:
-                snapshot = process_snapshot(self.engine, self.broadcaster)
+                snapshot = process_snapshot(self.engine, self.broadcaster, self.figures)
                 await self.channel.layer.group_send(
                     GROUP, {"type": "dashboard.snapshot", "snapshot": snapshot}
                 )
@@ -334,7 +350,7 @@ class Exchange:
         """This process's snapshot and every peer heard from recently."""
         now = time.time()
         fresh = [p for p in self.peers.values() if now - p["time"] < STALE_AFTER]
-        here = process_snapshot(self.engine, self.broadcaster)
+        here = process_snapshot(self.engine, self.broadcaster, self.figures)
         return [here, *sorted(fresh, key=lambda p: p["name"])]
 
     def disconnect_local(self, sid: int) -> bool:

@@ -22,7 +22,7 @@ expired), is refused.
 
 A Django project hands one to the page of a logged-in user::
 
-    from gateway.access.tokens import signed_token
+    from gateway.tokens import signed_token
 
     def leasecast_token(request):
         scopes = [f"subscribe:user.{request.user.pk}.*"]

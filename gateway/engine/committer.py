@@ -24,6 +24,8 @@ __all__ = ["Callback", "Committer"]
 log = logging.getLogger("leasecast.committer")
 
 Callback = Callable[[Result], None]
+#: What a batch added to the queues' counters, by (queue, counter, label).
+Counted = dict[tuple[str, str, str], int]
 
 #: How often idempotency keys past their window are swept (seconds).
 KEY_SWEEP_INTERVAL = 60.0
@@ -43,6 +45,8 @@ class Committer:
         max_backlog: waiting operations past which new enqueues are refused.
         on_wake: called on the event loop with the queues a committed batch
             may have made messages visible in, before the batch's callbacks.
+        on_counted: called on the event loop with what a batch added to the
+            queues' counters (the runtime's metrics registry).
         result_retention: seconds a finished task result is kept.
     """
 
@@ -53,6 +57,7 @@ class Committer:
         batch_max_ops: int = 4000,
         max_backlog: int = 100_000,
         on_wake: Callable[[set[str]], None] | None = None,
+        on_counted: Callable[[Counted], None] | None = None,
         result_retention: float = 7 * 24 * 3600.0,
     ) -> None:
         self._max_backlog = max_backlog
@@ -60,6 +65,7 @@ class Committer:
         self.refused = 0
         self._make_store = make_store
         self._on_wake = on_wake
+        self._on_counted = on_counted
         self._store: Store | None = None
         self._batch_max_ops = batch_max_ops
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="leasecast-store")
@@ -126,16 +132,17 @@ class Committer:
         future = loop.run_in_executor(self._executor, self._run, [op for op, _ in batch])
         future.add_done_callback(lambda f: self._finish(batch, f))
 
-    def _run(self, ops: list[Op]) -> tuple[list[Result], set[str]]:
+    def _run(self, ops: list[Op]) -> tuple[list[Result], set[str], Counted]:
         # On the store thread.
         if self._store is None:
             try:
                 self._store = self._make_store()
             except Exception as exc:
                 log.warning("cannot open the store: %s", exc)
-                return [Unavailable(f"storage unavailable: {type(exc).__name__}")] * len(ops), set()
+                failed = Unavailable(f"storage unavailable: {type(exc).__name__}")
+                return [failed] * len(ops), set(), {}
         results = self._store.run(ops)
-        woken = self._store.woken
+        woken, counted = self._store.woken, self._store.counted
         if time.monotonic() - self._last_sweep > KEY_SWEEP_INTERVAL:
             self._last_sweep = time.monotonic()
             try:
@@ -144,19 +151,20 @@ class Committer:
                 self._store.forget_old_results(self._result_retention)
             except Exception as exc:  # housekeeping must never fail the hot path
                 log.warning("housekeeping failed: %s", exc)
-        return results, woken
+        return results, woken, counted
 
     def _finish(
         self,
         batch: list[tuple[Op, Callback]],
-        future: asyncio.Future[tuple[list[Result], set[str]]],
+        future: asyncio.Future[tuple[list[Result], set[str], Counted]],
     ) -> None:
         self._running = False
         self.batches += 1
         self.ops += len(batch)
         woken: set[str] = set()
+        counted: Counted = {}
         try:
-            results, woken = future.result()
+            results, woken, counted = future.result()
         except BaseException as exc:  # the thread pool itself failed
             log.exception("store batch crashed")
             results = [Unavailable(f"storage failed: {type(exc).__name__}")] * len(batch)
@@ -166,6 +174,8 @@ class Committer:
             self._start_batch()
         self._dispatching = True
         try:
+            if counted and self._on_counted is not None:
+                self._on_counted(counted)
             if woken and self._on_wake is not None:
                 self._on_wake(woken)
             for (_, callback), result in zip(batch, results, strict=True):

@@ -20,11 +20,11 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from gateway.runtime import metrics
+from gateway.runtime import count_from_thread
 from gateway.store.dialects import POSTGRESQL, SQLITE_THROUGH_DJANGO
 from gateway.store.groups import settle
 from gateway.store.runner import NOTIFY_CHANNEL
-from gateway.store.txn import QueueCache, Txn
+from gateway.store.txn import QueueCache, Txn, django_shard
 
 __all__ = ["django_transaction"]
 
@@ -47,9 +47,10 @@ def django_transaction(using: str = "default") -> Iterator[Txn]:
         txn = Txn(cursor, dialect, time.time(), queues)
         yield txn
         settle(txn)
-        counted = txn.write_counts(metrics.django_shard())
+        counted = txn.write_counts(django_shard())
         if counted:
-            transaction.on_commit(lambda: metrics.queue_counted(counted), using=using)
+            # This process's runtime, if it serves the gateway: its dashboard's rates.
+            transaction.on_commit(lambda: count_from_thread(counted), using=using)
         _announce(cursor, connection.vendor, using, txn.woken)
 
 

@@ -3,10 +3,14 @@
 design decision 13. A gateway process has one work-queue engine, one
 broadcaster (with the shared topic streams when several processes share a
 Redis), one process channel on the Channels layer (for the dashboards'
-exchange), one live exchange, one per-token limiter and one watch for
+exchange), one metrics registry, one per-token limiter and one watch for
 revoked tokens. :class:`Runtime` builds them on the process's event loop,
 hands each the others it needs through its constructor, and closes them
 together; nothing else in the gateway keeps a module-level instance.
+
+Parts of the layers above are registered, not imported: the site registers
+the dashboard's live exchange with :func:`add_part`, and each runtime builds
+the registered parts after its own and closes them first.
 
 Consumers and views reach it with :func:`current_runtime` (the runtime of
 the running loop: under daphne or uvicorn, the process's one loop).
@@ -17,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import connections
@@ -30,15 +34,26 @@ from gateway.engine import PROCESS_NAME, Engine, django_store
 from gateway.engine.committer import Committer
 from gateway.engine.notify import start_listener, start_local_listener
 from gateway.runtime.layer import ProcessChannel
+from gateway.runtime.metrics import ProcessMetrics
 from gateway.topics.broadcast import Broadcaster
 from gateway.topics.settings import TopicSettingsCache
 from gateway.topics.streams import RedisTopics
 
 if TYPE_CHECKING:
-    from dashboard.live import Exchange
     from gateway.store import Store
 
-__all__ = ["Runtime", "close_sockets", "current_runtime", "wake_from_thread"]
+__all__ = [
+    "Runtime",
+    "add_part",
+    "close_sockets",
+    "count_from_thread",
+    "current_runtime",
+    "wake_from_thread",
+]
+
+T = TypeVar("T")
+#: Builds a part of a runtime from the runtime (the dashboard's exchange).
+PartFactory = Callable[["Runtime"], Any]
 
 
 class Runtime:
@@ -47,6 +62,8 @@ class Runtime:
     Args:
         conf: the gateway's settings.
         make_store: opens the work-queue store (a connection of its own).
+        parts: builders of the parts of the layers above (default: those
+            registered with :func:`add_part`).
     """
 
     def __init__(
@@ -54,12 +71,16 @@ class Runtime:
         conf: GatewaySettings | None = None,
         *,
         make_store: Callable[[], Store] = django_store,
+        parts: Iterable[PartFactory] | None = None,
     ) -> None:
         self.conf = conf = conf or gateway_settings()
         self.loop = asyncio.get_running_loop()
         self.process = PROCESS_NAME
+        # -- the figures every part counts into (shared through Redis, if any)
+        self.metrics = ProcessMetrics.for_settings(conf.redis_url, conf.redis_prefix)
+        self.metrics.start()
         # -- the work queue
-        self.engine = _build_engine(conf, make_store, self.loop)
+        self.engine = _build_engine(conf, make_store, self.loop, self.metrics)
         # -- per-token limits, and the watch that closes revoked tokens' sockets
         self.limiter = TokenLimiter(conf.token_limits, time.monotonic)
         self.revocations = RevocationWatch(conf.token_check_interval)
@@ -76,6 +97,7 @@ class Runtime:
         self.broadcaster = Broadcaster(
             settings=self.topic_settings,
             shared=self.streams,
+            meter=self.metrics.registry,
             block_wait=conf.block_wait,
             topic_idle=conf.topic_idle,
             topic_limit=conf.topic_limit,
@@ -90,36 +112,45 @@ class Runtime:
         layer = get_channel_layer()
         cross = layer is not None and not isinstance(layer, InMemoryChannelLayer)
         self.channel = ProcessChannel(layer) if cross else None
-        self._exchange: Exchange | None = None
+        # -- the parts of the layers above, last: they may use all of the above
+        self._parts: dict[type, Any] = {}
+        for build in _part_factories.values() if parts is None else parts:
+            part = build(self)
+            self._parts[type(part)] = part
 
-    @property
-    def exchange(self) -> Exchange:
-        """The live exchange of the dashboards (built on first use)."""
-        if self._exchange is None:
-            # Imported here: the dashboard app is optional for a project that
-            # installs only the gateway (gateway.api_urls without the dashboard).
-            from dashboard.live import Exchange
+    def part(self, kind: type[T]) -> T:
+        """This runtime's part of type ``kind`` (the dashboard's exchange).
 
-            self._exchange = Exchange(self.engine, self.broadcaster, self.channel)
-        return self._exchange
+        Raises:
+            LookupError: no part of that type was registered (:func:`add_part`).
+        """
+        found = self._parts.get(kind)
+        if found is None:
+            raise LookupError(f"this process runs no {kind.__name__}: the site registers it")
+        return found  # type: ignore[no-any-return]
 
     async def aclose(self) -> None:
         """Stop every part (tests, and a process shutting down)."""
+        for part in reversed(list(self._parts.values())):
+            part.close()
+        self._parts.clear()
         self.revocations.stop()
         self.broadcaster.close()
         if self.streams is not None:
             await self.streams.close()
-        if self._exchange is not None:
-            self._exchange.close()
         if self.channel is not None:
             self.channel.close()
         self.engine.close()
+        self.metrics.close()
         if _runtimes.get(self.loop) is self:
             del _runtimes[self.loop]
 
 
 def _build_engine(
-    conf: GatewaySettings, make_store: Callable[[], Store], loop: asyncio.AbstractEventLoop
+    conf: GatewaySettings,
+    make_store: Callable[[], Store],
+    loop: asyncio.AbstractEventLoop,
+    metrics: ProcessMetrics,
 ) -> Engine:
     holder: list[Engine] = []
     committer = Committer(
@@ -127,6 +158,7 @@ def _build_engine(
         batch_max_ops=conf.batch_max_ops,
         max_backlog=conf.max_backlog,
         on_wake=lambda queues: holder[0].wake_all(queues),
+        on_counted=metrics.registry.queue_counted,
         result_retention=conf.task_result_retention,
     )
     engine = Engine(committer, block_wait=conf.block_wait)
@@ -141,6 +173,17 @@ def _build_engine(
 
 
 _runtimes: dict[asyncio.AbstractEventLoop, Runtime] = {}
+_part_factories: dict[str, PartFactory] = {}
+
+
+def add_part(name: str, build: PartFactory) -> None:
+    """Have every runtime built from now on build a part with ``build``.
+
+    The site calls it for the dashboard's live exchange (the layers below
+    never import the dashboard). The part needs a ``close()``, called when
+    the runtime closes. Registering ``name`` again replaces its builder.
+    """
+    _part_factories[name] = build
 
 
 def current_runtime() -> Runtime:
@@ -164,6 +207,13 @@ def wake_from_thread(queues: Iterable[str]) -> None:
         if not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # closed meanwhile
                 loop.call_soon_threadsafe(runtime.engine.wake_all, names)
+
+
+def count_from_thread(counted: Mapping[tuple[str, str, str], int]) -> None:
+    """Add what a transaction on Django's connection committed to queue
+    counters to this process's runtimes' figures (the dashboard's rates)."""
+    for runtime in list(_runtimes.values()):
+        runtime.metrics.registry.queue_counted(counted)
 
 
 async def close_sockets(code: int, *, wait: float) -> None:

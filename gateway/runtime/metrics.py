@@ -19,10 +19,13 @@ topics and sockets     each process's memory (:class:`Registry`). With Redis
                        process, and a scrape reads its memory.
 =====================  ========================================================
 
-The broadcaster reports with :func:`topic_published`, :func:`topic_delivered`,
-:func:`topic_dropped` and :func:`slow_consumer_closed`; the sockets with
-:func:`socket_opened` and :func:`socket_closed`. Each is a dictionary update
-under a lock: cheap enough for the hot path.
+The runtime owns the process's :class:`ProcessMetrics` and hands its
+registry to what counts: the broadcaster (``topic_published``,
+``topic_delivered``, ``topic_dropped``, ``slow_consumer_closed``), the sockets
+(``socket_opened``, ``socket_closed``) and the committer, which passes on what
+the store's commits added to queue counters (``queue_counted``: the
+dashboard's per-process rates). Each is a dictionary update under a lock:
+cheap enough for the hot path.
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import socket
 import threading
 import time
@@ -44,25 +46,15 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 __all__ = [
     "CONTENT_TYPE",
-    "COUNTER_SHARD",
     "QUEUE_COUNTERS",
     "TOPIC_COUNTERS",
     "Deployment",
+    "ProcessMetrics",
     "RedisShare",
     "Registry",
-    "django_shard",
-    "get_registry",
-    "local_queue_counters",
-    "queue_counted",
     "read_queue_figures",
     "render",
     "scrape",
-    "slow_consumer_closed",
-    "socket_closed",
-    "socket_opened",
-    "topic_delivered",
-    "topic_dropped",
-    "topic_published",
 ]
 
 log = logging.getLogger("leasecast.metrics")
@@ -92,24 +84,6 @@ _HELP = {
 }
 #: Message states of ``leasecast_queue_messages``.
 STATES = ("visible", "delayed", "in_flight", "dead")
-
-#: The row of ``leasecast_queue_counter`` this process's store adds to:
-#: processes on different rows do not wait for each other's commits (a
-#: scrape sums them). The store commits at once, so a row is held briefly.
-COUNTER_SHARDS = 16
-COUNTER_SHARD = os.getpid() % COUNTER_SHARDS
-#: Rows for transactions on Django's connection (``gateway.host.on_django``):
-#: nested in the application's own transaction, they hold their rows until
-#: the application commits, which may be much later. Each takes one of these
-#: at random, so it never holds up a gateway's commits, and two application
-#: transactions wait for each other only if they pick the same row.
-DJANGO_SHARDS = range(COUNTER_SHARDS, COUNTER_SHARDS + 64)
-
-
-def django_shard() -> int:
-    """A counter row for one transaction on Django's connection (see :data:`DJANGO_SHARDS`)."""
-    return random.choice(DJANGO_SHARDS)
-
 
 #: This process's name in ``leasecast_sockets`` (the same as in ``/api/stats``).
 PROCESS = f"{socket.gethostname()}:{os.getpid()}"
@@ -177,6 +151,23 @@ class Registry:
         with self._lock:
             for key, n in pending.items():
                 self._pending[key] = self._pending.get(key, 0) + n
+
+    def topic_published(self, topic: str, n: int = 1) -> None:
+        """``n`` messages were published to ``topic`` (once per publish, on the
+        process that accepted it)."""
+        self.count("topic_published", (topic,), n)
+
+    def topic_delivered(self, topic: str, n: int = 1) -> None:
+        """``n`` messages of ``topic`` were sent to one subscriber socket of this process."""
+        self.count("topic_delivered", (topic,), n)
+
+    def topic_dropped(self, topic: str, policy: str, n: int = 1) -> None:
+        """``n`` messages of ``topic`` were dropped for a subscriber with buffer ``policy``."""
+        self.count("topic_dropped", (topic, policy), n)
+
+    def slow_consumer_closed(self, topic: str) -> None:
+        """A subscriber of ``topic`` was closed as a slow consumer (4008)."""
+        self.count("slow_consumers_closed", (topic,), 1)
 
     def socket_opened(self, kind: str) -> None:
         """A socket of ``kind`` (worker, producer, subscriber, dashboard) opened."""
@@ -291,11 +282,11 @@ class _Sharer(threading.Thread):
         super().__init__(name="leasecast-metrics", daemon=True)
         self.registry = registry
         self.share = share
+        self.stopping = threading.Event()
         self._failing = False
 
     def run(self) -> None:
-        while True:
-            time.sleep(FLUSH_INTERVAL)
+        while not self.stopping.wait(FLUSH_INTERVAL):
             try:
                 self.share.flush(self.registry)
                 self._failing = False
@@ -305,92 +296,47 @@ class _Sharer(threading.Thread):
                 self._failing = True
 
 
-@dataclass
-class _Process:
-    """This process's registry, and how it shares it (None: no Redis)."""
+class ProcessMetrics:
+    """One process's figures: its registry and, with Redis, how it shares them.
 
-    registry: Registry = field(default_factory=Registry)
-    share: RedisShare | None = None
-    started: bool = False
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    The runtime builds one (:attr:`gateway.runtime.Runtime.metrics`), starts
+    it with the process and closes it with the process; nothing here starts
+    a thread on import or on first use.
 
+    Args:
+        registry: the process's counters and socket gauges.
+        share: where the processes of a deployment add theirs up (None: this
+            process alone, no Redis).
+    """
 
-_process = _Process()
+    def __init__(self, registry: Registry, share: RedisShare | None = None) -> None:
+        self.registry = registry
+        self.share = share
+        self._sharer: _Sharer | None = None
 
+    @classmethod
+    def for_settings(cls, redis_url: str, prefix: str) -> ProcessMetrics:
+        """A process's figures, shared through ``redis_url`` when there is one:
+        metrics are shared exactly when topics are (``GATEWAY_REDIS_PREFIX``)."""
+        if not redis_url:
+            return cls(Registry())
+        from gateway.topics.redis_url import sync_client
 
-def _redis_settings() -> tuple[str, str] | None:
-    """``(redis_url, redis_prefix)`` of the gateway's settings, or None without
-    Redis: metrics are shared exactly when topics are (gateway.runtime)."""
-    try:
-        from gateway.conf import gateway_settings
+        # redis+sentinel:// included: it follows the master.
+        client = sync_client(redis_url, socket_connect_timeout=3, socket_timeout=3)
+        return cls(Registry(), RedisShare(client, prefix or "leasecast"))
 
-        conf = gateway_settings()
-    except Exception:  # Django not configured: a process of its own
-        return None
-    return (conf.redis_url, conf.redis_prefix or "leasecast") if conf.redis_url else None
+    def start(self) -> None:
+        """Share the registry every :data:`FLUSH_INTERVAL` seconds (one thread; with Redis)."""
+        if self.share is not None and self._sharer is None:
+            self._sharer = _Sharer(self.registry, self.share)
+            self._sharer.start()
 
-
-def get_registry() -> Registry:
-    """This process's registry; the first call in a gateway process with Redis
-    starts sharing it (one background thread)."""
-    state = _process
-    if not state.started:
-        with state.lock:
-            if not state.started:
-                state.started = True
-                found = _redis_settings()
-                if found is not None:
-                    from gateway.topics.redis_url import sync_client
-
-                    # redis+sentinel:// included: it follows the master.
-                    client = sync_client(found[0], socket_connect_timeout=3, socket_timeout=3)
-                    state.share = RedisShare(client, found[1])
-                    _Sharer(state.registry, state.share).start()
-    return state.registry
-
-
-# -- what the rest of the gateway calls -------------------------------------------
-
-
-def topic_published(topic: str, n: int = 1) -> None:
-    """``n`` messages were published to ``topic`` (once per publish, on the
-    process that accepted it)."""
-    get_registry().count("topic_published", (topic,), n)
-
-
-def topic_delivered(topic: str, n: int = 1) -> None:
-    """``n`` messages of ``topic`` were sent to one subscriber socket of this process."""
-    get_registry().count("topic_delivered", (topic,), n)
-
-
-def topic_dropped(topic: str, policy: str, n: int = 1) -> None:
-    """``n`` messages of ``topic`` were dropped for a subscriber with buffer ``policy``."""
-    get_registry().count("topic_dropped", (topic, policy), n)
-
-
-def slow_consumer_closed(topic: str) -> None:
-    """A subscriber of ``topic`` was closed as a slow consumer (4008)."""
-    get_registry().count("slow_consumers_closed", (topic,), 1)
-
-
-def socket_opened(kind: str) -> None:
-    """A socket of ``kind`` was accepted on this process."""
-    get_registry().socket_opened(kind)
-
-
-def socket_closed(kind: str) -> None:
-    """A socket of ``kind`` that :func:`socket_opened` counted went away."""
-    get_registry().socket_closed(kind)
-
-
-def queue_counted(counted: Mapping[tuple[str, str, str], int]) -> None:
-    """Called by the store after a commit with what it counted (see :class:`Registry`)."""
-    _process.registry.queue_counted(counted)
-
-
-def local_queue_counters() -> dict[str, dict[str, int]]:
-    """Per queue, the counts this process's commits added (the dashboard's rates)."""
-    return _process.registry.queue_counters()
+    def close(self) -> None:
+        """Stop sharing (the counts of the last second stay in the registry)."""
+        if self._sharer is not None:
+            self._sharer.stopping.set()
+            self._sharer = None
 
 
 # -- the scrape ---------------------------------------------------------------------
@@ -494,13 +440,13 @@ def render(figures: Deployment) -> bytes:
     return generate_latest(registry)
 
 
-def scrape() -> bytes:
-    """Everything ``GET /metrics`` shows, from this process (blocking: run it in
-    a thread that may use Django's database connection)."""
+def scrape(process: ProcessMetrics) -> bytes:
+    """Everything ``GET /metrics`` shows, from this process's figures
+    (blocking: run it in a thread that may use Django's database connection)."""
     from django.db import connection
 
-    registry = get_registry()
-    share = _process.share
+    registry = process.registry
+    share = process.share
     if share is not None:
         try:
             share.flush(registry)  # this process's last second, too

@@ -5,7 +5,7 @@ A Django project that installs Leasecast uses it the same way in its own
 ``asgi.py``::
 
     django_asgi_app = get_asgi_application()
-    from gateway.site.routing import websocket_application  # after Django is set up
+    from gateway.routing import websocket_application  # after Django is set up
 
     application = ProtocolTypeRouter(
         {"http": django_asgi_app, "websocket": websocket_application()}
@@ -22,6 +22,10 @@ or, when the project has WebSocket consumers of its own, puts
 Both put Leasecast's authentication (a bearer token, or a staff session
 from an allowed origin: ``gateway.access.auth``) in front of its sockets only.
 Import this module after ``django.setup()`` (the consumers use models).
+
+Importing it also wires the dashboard in: every gateway process's runtime
+then builds the dashboard's live exchange (:func:`gateway.runtime.add_part`),
+so each process shares its live state with the dashboards of all of them.
 """
 
 from __future__ import annotations
@@ -33,9 +37,13 @@ from django.urls import URLPattern, re_path
 
 from consumers.refuse import UnknownSocket
 from consumers.routing import websocket_urlpatterns as _routes
+from dashboard.live import Exchange
 from gateway.access.auth import websocket_auth_stack
+from gateway.runtime import add_part
 
 __all__ = ["websocket_application", "websocket_urlpatterns"]
+
+add_part("dashboard", Exchange.for_runtime)
 
 
 def websocket_application() -> Any:

@@ -32,7 +32,6 @@ from typing import Any, assert_never
 
 from gateway.core.errors import ProtocolError, Unavailable
 from gateway.core.leases import DEFAULT_QUEUE_SETTINGS, Clock, QueueSettings
-from gateway.runtime import metrics
 from gateway.store import enqueue as enqueueing
 from gateway.store import leasing, operator, staging, tasks
 from gateway.store.dialects import POSTGRESQL, Dialect
@@ -60,7 +59,7 @@ from gateway.store.ops import (
     Stage,
     Stats,
 )
-from gateway.store.txn import QueueCache, SavepointLost, Txn
+from gateway.store.txn import COUNTER_SHARD, QueueCache, SavepointLost, Txn
 
 __all__ = ["NOTIFY_CHANNEL", "Store"]
 
@@ -87,6 +86,8 @@ class Store:
         announce_as: on PostgreSQL, announce woken queues to the other gateway
             processes with ``NOTIFY`` (see ``gateway.engine.notify``), signed with
             this process name so its own listener can skip them.
+        counter_shard: the row of each queue counter this store adds to
+            (:data:`~gateway.store.txn.COUNTER_SHARDS`).
     """
 
     def __init__(
@@ -98,6 +99,7 @@ class Store:
         defaults: QueueSettings = DEFAULT_QUEUE_SETTINGS,
         settings_ttl: float = 2.0,
         announce_as: str | None = None,
+        counter_shard: int = COUNTER_SHARD,
     ) -> None:
         self._connect = connect
         self._conn: Any = None
@@ -107,6 +109,11 @@ class Store:
         self._announce_as = announce_as if dialect is POSTGRESQL else None
         #: queues woken by the last :meth:`run` (read by the committer)
         self.woken: set[str] = set()
+        self._counter_shard = counter_shard
+        #: what the last :meth:`run` committed to queue counters, by (queue,
+        #: counter, label): read by the committer, which hands it to the
+        #: runtime's metrics (the dashboard's per-process rates)
+        self.counted: dict[tuple[str, str, str], int] = {}
 
     # -- plumbing
 
@@ -131,7 +138,7 @@ class Store:
         try:
             yield txn
             settle(txn)
-            counted = txn.write_counts(metrics.COUNTER_SHARD)
+            counted = txn.write_counts(self._counter_shard)
             if self._announce_as is not None:
                 for queue in sorted(txn.woken):
                     txn.exec(
@@ -146,8 +153,8 @@ class Store:
             raise
         cur.execute("COMMIT")
         self.woken |= txn.woken
-        if counted:
-            metrics.queue_counted(counted)
+        for key, n in counted.items():
+            self.counted[key] = self.counted.get(key, 0) + n
 
     def _begin(self) -> Any:
         """A cursor inside ``BEGIN``, on a fresh connection if the old one is dead.
@@ -185,6 +192,7 @@ class Store:
         that still fails gets :class:`Unavailable`.
         """
         self.woken = set()
+        self.counted = {}
         return self._run_split(ops)
 
     def _run_split(self, ops: Sequence[Op], splits: int = 0) -> list[Result]:

@@ -9,6 +9,8 @@ visible (announced to the pumps after the commit).
 
 from __future__ import annotations
 
+import os
+import random
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,7 +20,35 @@ from gateway.core.errors import NotFound, ProtocolError
 from gateway.core.leases import QueueSettings
 from gateway.store.dialects import Dialect
 
-__all__ = ["QueueCache", "QueueRow", "SavepointLost", "Txn"]
+#: The rows of ``leasecast_queue_counter`` a counter is spread over. A
+#: gateway's store adds to row :data:`COUNTER_SHARD`: processes on different
+#: rows do not wait for each other's commits (a scrape sums them). The store
+#: commits at once, so a row is held briefly.
+COUNTER_SHARDS = 16
+COUNTER_SHARD = os.getpid() % COUNTER_SHARDS
+#: Rows for transactions on Django's connection (``gateway.host.on_django``):
+#: nested in the application's own transaction, they hold their rows until
+#: the application commits, which may be much later. Each takes one of these
+#: at random, so it never holds up a gateway's commits, and two application
+#: transactions wait for each other only if they pick the same row.
+DJANGO_SHARDS = range(COUNTER_SHARDS, COUNTER_SHARDS + 64)
+
+
+def django_shard() -> int:
+    """A counter row for one transaction on Django's connection (see :data:`DJANGO_SHARDS`)."""
+    return random.choice(DJANGO_SHARDS)
+
+
+__all__ = [
+    "COUNTER_SHARD",
+    "COUNTER_SHARDS",
+    "DJANGO_SHARDS",
+    "QueueCache",
+    "QueueRow",
+    "SavepointLost",
+    "Txn",
+    "django_shard",
+]
 
 _QUEUE_COLUMNS = "id, visibility_timeout, max_deliveries, dedup_window, max_length, overflow"
 

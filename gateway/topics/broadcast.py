@@ -54,7 +54,6 @@ from gateway.core.history import (
     plan_resume,
 )
 from gateway.core.wire import encode_entry, encode_messages, encode_subscribed
-from gateway.runtime import metrics
 from gateway.topics.settings import TopicSettingsCache
 
 __all__ = [
@@ -84,6 +83,38 @@ class SubscriberSink(Protocol):
 
     def stream_restarted(self) -> None:
         """Close the socket with 4409: the topic's offsets restarted."""
+
+
+class TopicMeter(Protocol):
+    """What the broadcaster counts (the runtime hands it its metrics registry)."""
+
+    def topic_published(self, topic: str, n: int = 1) -> None:
+        """``n`` messages were published to ``topic`` on this process."""
+
+    def topic_delivered(self, topic: str, n: int = 1) -> None:
+        """``n`` messages of ``topic`` were sent to one subscriber socket."""
+
+    def topic_dropped(self, topic: str, policy: str, n: int = 1) -> None:
+        """``n`` messages of ``topic`` were dropped for a subscriber with ``policy``."""
+
+    def slow_consumer_closed(self, topic: str) -> None:
+        """A subscriber of ``topic`` was closed as a slow consumer."""
+
+
+class _Unmetered:
+    """The meter of a broadcaster built without one (tests, benchmarks)."""
+
+    def topic_published(self, topic: str, n: int = 1) -> None:
+        pass
+
+    def topic_delivered(self, topic: str, n: int = 1) -> None:
+        pass
+
+    def topic_dropped(self, topic: str, policy: str, n: int = 1) -> None:
+        pass
+
+    def slow_consumer_closed(self, topic: str) -> None:
+        pass
 
 
 class SharedTopics(Protocol):
@@ -215,6 +246,7 @@ class Broadcaster:
         *,
         settings: TopicSettingsCache,
         shared: SharedTopics | None = None,
+        meter: TopicMeter | None = None,
         block_wait: float = 10.0,
         # -- memory
         topic_idle: float = 300.0,
@@ -223,6 +255,7 @@ class Broadcaster:
         self.dispatcher = Dispatcher(time.time)
         self.settings = settings
         self.shared = shared
+        self.meter: TopicMeter = meter or _Unmetered()
         self.block_wait = block_wait
         self.sinks: dict[int, SubscriberSink] = {}
         self.sequencer = Sequencer()  # one process: the sequence (unused with ``shared``)
@@ -430,7 +463,7 @@ class Broadcaster:
         ):
             return None
         epoch, (entry,) = self._append_here(topic, [body], settings)
-        metrics.topic_published(topic)
+        self.meter.topic_published(topic)
         followed = self.followed.get(topic)
         if followed is None:
             # Never subscribed to here: nothing to dispatch, and nothing kept
@@ -439,7 +472,7 @@ class Broadcaster:
             return Published(epoch, entry.offset)
         outcome = self.dispatcher.publish(topic, encode_entry(entry.offset, body))
         assert not outcome.blocked
-        _count_drops(topic, outcome)
+        _count_drops(self.meter, topic, outcome)
         followed.dispatched = entry.offset
         followed.completed(entry.offset)
         followed.notify_moved()
@@ -486,7 +519,7 @@ class Broadcaster:
                 if followed is not None:
                     followed.appending -= 1
             await self._dispatched_here(topic, head, bodies)
-            metrics.topic_published(topic, len(bodies))
+            self.meter.topic_published(topic, len(bodies))
             return Published(head.epoch, head.offset)
         gate = self._gates.setdefault(topic, asyncio.Lock())
         async with gate:  # in order with every other publish to the topic
@@ -497,7 +530,7 @@ class Broadcaster:
             else:
                 for _ in entries:  # never subscribed to here: the stats' counters only
                     self.dispatcher.publish(topic, b"")
-            metrics.topic_published(topic, len(bodies))
+            self.meter.topic_published(topic, len(bodies))
             return Published(epoch, entries[-1].offset)
 
     def _append_here(
@@ -612,7 +645,7 @@ class Broadcaster:
                 continue
             payload = encode_entry(entry.offset, entry.body)
             outcome = self.dispatcher.publish(topic, payload)
-            _count_drops(topic, outcome)
+            _count_drops(self.meter, topic, outcome)
             # Dispatched to everyone but the blocked: a subscriber attaching
             # now is replayed up to here, and the wait below offers it to the
             # blocked ones only.
@@ -630,7 +663,7 @@ class Broadcaster:
         self.lost += n
         for sub in self.dispatcher.topics.get(topic, {}).values():
             if sub.policy is not Policy.BLOCK:
-                metrics.topic_dropped(topic, sub.policy.value, n)
+                self.meter.topic_dropped(topic, sub.policy.value, n)
         for sub in self.dispatcher.lose(topic, n):
             self._close_slow(sub)
         self._work.set()
@@ -653,7 +686,7 @@ class Broadcaster:
         sink = self.sinks.get(sub.sid)
         self.unsubscribe(sub.sid)
         self.slow_consumers_closed += 1
-        metrics.slow_consumer_closed(sub.topic)
+        self.meter.slow_consumer_closed(sub.topic)
         if sink is not None:
             sink.slow_consumer()
 
@@ -757,7 +790,7 @@ class Broadcaster:
                     sub.lose(missing)
                     self.lost += missing
                     if sub.policy is not Policy.BLOCK:
-                        metrics.topic_dropped(topic, sub.policy.value, missing)
+                        self.meter.topic_dropped(topic, sub.policy.value, missing)
                     if sub.policy is Policy.BLOCK:
                         self._close_slow(sub)
                         return
@@ -770,7 +803,7 @@ class Broadcaster:
                 sub.credit -= len(items)
                 sub.delivered += len(items)
                 sub.delivered_rate.add(len(items))
-                metrics.topic_delivered(topic, len(items))
+                self.meter.topic_delivered(topic, len(items))
                 dropped, sub.unreported = sub.unreported, 0
                 sink = self.sinks.get(sub.sid)
                 if sink is not None:
@@ -789,7 +822,7 @@ class Broadcaster:
             while self.dispatcher.has_ready:
                 for sub, items, dropped in self.dispatcher.drain(SEND_BUDGET):
                     if items:
-                        metrics.topic_delivered(sub.topic, len(items))
+                        self.meter.topic_delivered(sub.topic, len(items))
                     sink = self.sinks.get(sub.sid)
                     if sink is not None and (items or dropped):
                         sink.push(encode_messages(sub.topic, items, dropped))
@@ -843,6 +876,6 @@ def _release(followed: _Followed) -> None:
     followed.notify_moved()
 
 
-def _count_drops(topic: str, outcome: PublishOutcome) -> None:
+def _count_drops(meter: TopicMeter, topic: str, outcome: PublishOutcome) -> None:
     for policy, n in outcome.dropped_by.items():
-        metrics.topic_dropped(topic, policy, n)
+        meter.topic_dropped(topic, policy, n)
