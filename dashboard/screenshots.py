@@ -30,6 +30,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from gateway.conf import var_dir
+
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("LEASECAST_CHROMIUM", "/usr/bin/chromium")
 ARGS = [
@@ -140,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=ROOT / "docs")
     args = parser.parse_args(argv)
-    var = Path(os.environ.get("GATEWAY_VAR_DIR", ROOT / "var"))
+    var = var_dir()
     port = args.port or free_port()
     url = f"http://127.0.0.1:{port}"
     log = open(var / "screenshots-demo.log", "ab")  # noqa: SIM115 - the child writes it

@@ -1,10 +1,27 @@
-"""One typed view of the ``GATEWAY_*`` settings (see gateway/site/settings.py)."""
+"""One typed view of the ``GATEWAY_*`` settings, and the one place their defaults are written.
+
+:class:`GatewaySettings` holds every knob with its default. Two readers fill it:
+
+- :func:`gateway_settings`, inside Django: the ``GATEWAY_*`` Django settings
+  (a host project may leave any out; the standalone service's
+  ``gateway/site/settings.py`` reads them from the environment, taking its
+  defaults from this class);
+- :func:`environ_settings`, before Django starts: the serving process's own
+  options (``python -m gateway.serve``: frame and request limits, heartbeats,
+  the request-head deadline, the shutdown grace) from the environment.
+
+Nothing else reads ``GATEWAY_*`` variables from the environment
+(tests/unit/test_settings_source.py checks it).
+"""
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -13,7 +30,16 @@ from gateway.core.leases import QueueSettings
 from gateway.core.protocol import Limits
 from gateway.core.ratelimit import RateLimits
 
-__all__ = ["GatewaySettings", "gateway_settings"]
+__all__ = [
+    "GatewaySettings",
+    "client_setting",
+    "environ_settings",
+    "gateway_settings",
+    "var_dir",
+]
+
+#: The checkout (or installed tree) that holds ``gateway/``.
+BASE_DIR = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +47,8 @@ class GatewaySettings:
     """The gateway's knobs, with the protocol's defaults."""
 
     # -- sizes
-    max_body_bytes: int = 256 * 1024
+    #: the parser's limit, whose default the pure core holds (it parses without Django)
+    max_body_bytes: int = Limits().max_body_bytes
     max_frame_bytes: int = 8 * 1024 * 1024
     # -- store
     batch_max_ops: int = 4000
@@ -73,6 +100,21 @@ class GatewaySettings:
     # -- dashboard: seconds a queue's oldest visible message may wait before
     # the dashboard's alerts panel lists the queue
     dashboard_oldest_alert: float = 60.0
+    # -- the serving process (python -m gateway.serve), read by environ_settings()
+    #: the largest HTTP request body, refused (413) as it arrives
+    max_request_bytes: int = 16 * 1024 * 1024
+    #: seconds a request head may take; 0: no deadline
+    request_head_timeout: float = 20.0
+    #: connections one address may have waiting for their head; 0: no cap;
+    #: None: a quarter of the process's file limit, between 64 and 1,024
+    max_pending_per_address: int | None = None
+    #: seconds between WebSocket pings, and for the answer
+    ping_interval: float = 20.0
+    ping_timeout: float = 30.0
+    #: seconds a WebSocket may live under daphne; -1: no limit
+    websocket_max_age: float = -1.0
+    #: seconds a stopping process waits for its sockets to finish
+    shutdown_grace: float = 30.0
 
     @property
     def limits(self) -> Limits:
@@ -131,12 +173,77 @@ def gateway_settings() -> GatewaySettings:
         serve_static=_setting("GATEWAY_SERVE_STATIC", d.serve_static),
         metrics_public=bool(_setting("GATEWAY_METRICS_PUBLIC", d.metrics_public)),
         task_result_retention=_setting("GATEWAY_TASK_RESULT_RETENTION", d.task_result_retention),
-        # Also read from the environment here, so the standalone service takes it
-        # without a line in gateway/site/settings.py.
         dashboard_oldest_alert=float(
-            _setting(
-                "GATEWAY_DASHBOARD_OLDEST_ALERT",
-                os.environ.get("GATEWAY_DASHBOARD_OLDEST_ALERT", d.dashboard_oldest_alert),
-            )
+            _setting("GATEWAY_DASHBOARD_OLDEST_ALERT", d.dashboard_oldest_alert)
         ),
     )
+
+
+def environ_settings(environ: Mapping[str, str] | None = None) -> GatewaySettings:
+    """The serving process's options from the environment (``os.environ`` by default).
+
+    Read before Django is set up (``python -m gateway.serve``); the fields it
+    does not read keep their defaults. An empty variable is unset.
+
+    Raises:
+        ValueError: a variable that is not a number, or out of its range (the
+            message names it).
+    """
+    env = os.environ if environ is None else environ
+    d = GatewaySettings()
+    pending = env.get("GATEWAY_MAX_PENDING_PER_ADDRESS")
+    return GatewaySettings(
+        max_frame_bytes=int(_number(env, "GATEWAY_MAX_FRAME_BYTES", d.max_frame_bytes, 1)),
+        max_request_bytes=int(_number(env, "GATEWAY_MAX_REQUEST_BYTES", d.max_request_bytes, 1)),
+        request_head_timeout=_seconds(env, "GATEWAY_REQUEST_HEAD_TIMEOUT", d.request_head_timeout),
+        max_pending_per_address=(
+            int(_number(env, "GATEWAY_MAX_PENDING_PER_ADDRESS", 0, 0)) if pending else None
+        ),
+        ping_interval=_seconds(env, "GATEWAY_PING_INTERVAL", d.ping_interval),
+        ping_timeout=_seconds(env, "GATEWAY_PING_TIMEOUT", d.ping_timeout),
+        websocket_max_age=_seconds(env, "GATEWAY_WEBSOCKET_MAX_AGE", d.websocket_max_age, -1),
+        shutdown_grace=_seconds(env, "GATEWAY_SHUTDOWN_GRACE", d.shutdown_grace),
+    )
+
+
+def _number(env: Mapping[str, str], name: str, default: int, low: int) -> int:
+    """``env[name]`` as a whole number >= ``low``, else ``default``."""
+    value = env.get(name, "")
+    if not value:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r}: not a whole number") from None
+    if number < low:
+        raise ValueError(f"{name}={value!r}: must be {low} or more")
+    return number
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float, low: float = 0) -> float:
+    """``env[name]`` as a finite number of seconds >= ``low``, else ``default``."""
+    value = env.get(name, "")
+    if not value:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r}: not a number of seconds") from None
+    if not seconds >= low or not math.isfinite(seconds):
+        raise ValueError(f"{name}={value!r}: must be {low:g} or more seconds")
+    return seconds
+
+
+def client_setting(name: str) -> str | None:
+    """``LEASECAST_URL`` or ``LEASECAST_TOKEN``: the Django setting, else the
+    environment variable of the same name (the gateway a process talks to over
+    HTTP or WebSockets: ``gateway.enqueue`` without Leasecast installed, the
+    task worker)."""
+    value = getattr(settings, name, None) or os.environ.get(name)
+    return str(value) if value else None
+
+
+def var_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where the standalone service keeps its state (``GATEWAY_VAR_DIR``, default ``var/``)."""
+    env = os.environ if environ is None else environ
+    return Path(env.get("GATEWAY_VAR_DIR") or BASE_DIR / "var")

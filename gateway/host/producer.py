@@ -25,7 +25,6 @@ A remote enqueue is not part of the caller's transaction: call it from
 
 from __future__ import annotations
 
-import os
 import time
 import urllib.error
 import urllib.request
@@ -35,10 +34,10 @@ from typing import Any
 import orjson
 from asgiref.sync import sync_to_async
 from django.apps import apps
-from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 
+from gateway.conf import client_setting
 from gateway.core.errors import (
     Forbidden,
     ProtocolError,
@@ -146,13 +145,8 @@ def _enqueue_in_process(queue: str, specs: list[EnqueueSpec], using: str) -> lis
         time.sleep(_BLOCK_POLL)
 
 
-def _setting(name: str) -> str | None:
-    value = getattr(settings, name, None) or os.environ.get(name)
-    return str(value) if value else None
-
-
 def _enqueue_remote(queue: str, specs: list[EnqueueSpec]) -> list[EnqueueResult]:
-    url, token = _setting("LEASECAST_URL"), _setting("LEASECAST_TOKEN")
+    url, token = client_setting("LEASECAST_URL"), client_setting("LEASECAST_TOKEN")
     if not url or not token:
         raise ImproperlyConfigured(
             "Leasecast is not in INSTALLED_APPS, so gateway.enqueue sends to a gateway over "

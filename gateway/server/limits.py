@@ -38,13 +38,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from gateway.conf import environ_settings
+
 __all__ = [
-    "DEFAULT_HEAD_TIMEOUT",
-    "DEFAULT_MAX_REQUEST_BYTES",
     "BodyLimit",
     "PendingHeads",
     "default_max_pending_per_address",
@@ -57,10 +56,6 @@ __all__ = [
 
 logger = logging.getLogger("leasecast.server")
 
-#: ``GATEWAY_MAX_REQUEST_BYTES``'s default: 16 MiB.
-DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
-#: ``GATEWAY_REQUEST_HEAD_TIMEOUT``'s default, seconds.
-DEFAULT_HEAD_TIMEOUT = 20.0
 #: ``GATEWAY_MAX_PENDING_PER_ADDRESS``'s default is this share of the file
 #: limit, clamped to the bounds below.
 PENDING_SHARE_OF_FILE_LIMIT = 4
@@ -78,36 +73,18 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-def _positive_int(name: str, default: int) -> int:
-    value = os.environ.get(name, "")
-    if not value:
-        return default
-    try:
-        number = int(value)
-    except ValueError:
-        raise ValueError(f"{name}={value!r}: not a whole number") from None
-    if number < 1:
-        raise ValueError(f"{name}={value!r}: must be 1 or more")
-    return number
+# The settings below are read through the one settings object
+# (gateway.conf.environ_settings), which holds their defaults and checks.
 
 
 def max_request_bytes() -> int:
     """The largest request body accepted (``GATEWAY_MAX_REQUEST_BYTES``, 16 MiB)."""
-    return _positive_int("GATEWAY_MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES)
+    return environ_settings().max_request_bytes
 
 
 def head_timeout() -> float:
     """Seconds a request head may take (``GATEWAY_REQUEST_HEAD_TIMEOUT``, 20; 0: no deadline)."""
-    value = os.environ.get("GATEWAY_REQUEST_HEAD_TIMEOUT", "")
-    try:
-        seconds = float(value) if value else DEFAULT_HEAD_TIMEOUT
-    except ValueError:
-        raise ValueError(
-            f"GATEWAY_REQUEST_HEAD_TIMEOUT={value!r}: not a number of seconds"
-        ) from None
-    if not seconds >= 0 or seconds == float("inf"):
-        raise ValueError(f"GATEWAY_REQUEST_HEAD_TIMEOUT={value!r}: must be 0 or more seconds")
-    return seconds
+    return environ_settings().request_head_timeout
 
 
 def raise_file_limit() -> int:
@@ -150,19 +127,13 @@ def max_pending_per_address() -> int:
     process's file limit (between 64 and 1,024), read after
     :func:`raise_file_limit`.
     """
-    value = os.environ.get("GATEWAY_MAX_PENDING_PER_ADDRESS", "")
-    if not value:
+    cap = environ_settings().max_pending_per_address
+    if cap is None:
         import resource
 
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         return default_max_pending_per_address(_finite(soft))
-    try:
-        number = int(value)
-    except ValueError:
-        raise ValueError(f"GATEWAY_MAX_PENDING_PER_ADDRESS={value!r}: not a whole number") from None
-    if number < 0:
-        raise ValueError(f"GATEWAY_MAX_PENDING_PER_ADDRESS={value!r}: must be 0 or more")
-    return number
+    return cap
 
 
 class PendingHeads:

@@ -2,25 +2,21 @@
 
 ``gateway.server.serve`` passes the grace to uvicorn; ``gateway.server.shutdown``
 waits that long under daphne. Both read it here, so neither imports the other
-for it.
+for it. The value, its default and its check are the settings object's
+(:func:`gateway.conf.environ_settings`).
 """
 
 from __future__ import annotations
 
-import os
+from gateway.conf import environ_settings
 
-__all__ = ["DEFAULT_GRACE", "shutdown_grace"]
-
-DEFAULT_GRACE = 30.0
+__all__ = ["shutdown_grace"]
 
 
 def shutdown_grace() -> float:
-    """Seconds a stopping process waits for its sockets (``GATEWAY_SHUTDOWN_GRACE``, 30)."""
-    value = os.environ.get("GATEWAY_SHUTDOWN_GRACE", "")
-    try:
-        grace = float(value) if value else DEFAULT_GRACE
-    except ValueError:
-        raise ValueError(f"GATEWAY_SHUTDOWN_GRACE={value!r}: not a number of seconds") from None
-    if grace < 0:
-        raise ValueError(f"GATEWAY_SHUTDOWN_GRACE={value!r}: must be 0 or more")
-    return grace
+    """Seconds a stopping process waits for its sockets (``GATEWAY_SHUTDOWN_GRACE``, 30).
+
+    Raises:
+        ValueError: not a number of seconds, or below 0.
+    """
+    return environ_settings().shutdown_grace

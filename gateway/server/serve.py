@@ -38,16 +38,15 @@ docs/operations.md, Choosing the server).
 from __future__ import annotations
 
 import math
-import os
 import sys
 from typing import Any
 
+from gateway.conf import environ_settings
 from gateway.core.wire import CloseCode
 from gateway.server.limits import raise_file_limit
 from gateway.server.options import shutdown_grace
 from gateway.server.redact import install_log_redaction, redacting_access_log
 
-DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
 SERVERS = ("daphne", "uvicorn")
 
 
@@ -86,6 +85,11 @@ def split_server(argv: list[str]) -> tuple[str, list[str]]:
     return server, rest
 
 
+def _number(value: float) -> str:
+    """A setting on a server's command line: ``20``, not ``20.0`` (daphne takes whole seconds)."""
+    return str(int(value)) if value == int(value) else str(value)
+
+
 def _has(argv: list[str], *names: str) -> bool:
     return any(a == n or a.startswith(n + "=") for a in argv for n in names)
 
@@ -112,6 +116,7 @@ def uvicorn_args(argv: list[str]) -> list[str]:
             rest += ["--port", next(args, "")]
         else:
             rest.append(arg)
+    options = environ_settings()
     defaults = {
         # websockets' sans-I/O implementation (uvicorn's plain "websockets"
         # one is deprecated): it closes an oversized message with 1009, as
@@ -120,11 +125,11 @@ def uvicorn_args(argv: list[str]) -> list[str]:
         # Nothing in the gateway uses lifespan events; Channels' router
         # refuses them.
         "--lifespan": "off",
-        "--ws-max-size": os.environ.get("GATEWAY_MAX_FRAME_BYTES", str(DEFAULT_MAX_FRAME_BYTES)),
-        "--ws-ping-interval": os.environ.get("GATEWAY_PING_INTERVAL", "20"),
-        "--ws-ping-timeout": os.environ.get("GATEWAY_PING_TIMEOUT", "30"),
+        "--ws-max-size": str(options.max_frame_bytes),
+        "--ws-ping-interval": _number(options.ping_interval),
+        "--ws-ping-timeout": _number(options.ping_timeout),
         # uvicorn takes whole seconds here.
-        "--timeout-graceful-shutdown": str(math.ceil(shutdown_grace())),
+        "--timeout-graceful-shutdown": str(math.ceil(options.shutdown_grace)),
         # Compression costs about 10% of the gateway's CPU under uvicorn for
         # frames of 100-200 bytes it does not shrink (docs/benchmarks.md,
         # Efficiency); daphne does not compress either.
@@ -146,7 +151,8 @@ def uvicorn_args(argv: list[str]) -> list[str]:
 
 def daphne_args(argv: list[str]) -> list[str]:
     """daphne's arguments: ours first, so the caller's own options win."""
-    limit = os.environ.get("GATEWAY_MAX_FRAME_BYTES", str(DEFAULT_MAX_FRAME_BYTES))
+    options = environ_settings()
+    limit = str(options.max_frame_bytes)
     args = []
     if not any(a.startswith("--websocket-max-message-size") for a in argv):
         args += ["--websocket-max-message-size", limit]
@@ -156,13 +162,13 @@ def daphne_args(argv: list[str]) -> list[str]:
     # answering, so a vanished client leaves its topics and releases its
     # buffer and leases (GATEWAY_PING_INTERVAL / GATEWAY_PING_TIMEOUT seconds).
     if not any(a.startswith("--ping-interval") for a in argv):
-        args += ["--ping-interval", os.environ.get("GATEWAY_PING_INTERVAL", "20")]
+        args += ["--ping-interval", _number(options.ping_interval)]
     if not any(a.startswith("--ping-timeout") for a in argv):
-        args += ["--ping-timeout", os.environ.get("GATEWAY_PING_TIMEOUT", "30")]
+        args += ["--ping-timeout", _number(options.ping_timeout)]
     # daphne closes every WebSocket after 24 h by default; a worker or a
     # subscriber lives as long as its process, so no limit unless asked.
     if not any(a.startswith("--websocket_timeout") for a in argv):
-        args += ["--websocket_timeout", os.environ.get("GATEWAY_WEBSOCKET_MAX_AGE", "-1")]
+        args += ["--websocket_timeout", _number(options.websocket_max_age)]
     args += argv
     if not _has_app(argv):
         args.append("gateway.asgi:application")

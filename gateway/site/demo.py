@@ -52,7 +52,10 @@ from leasecast import Producer, Subscriber, Worker
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-ROOT = Path(__file__).resolve().parent.parent
+from gateway.conf import BASE_DIR, var_dir
+
+#: The checkout, with manage.py (not this module's parent: it is gateway/site/).
+ROOT = BASE_DIR
 QUEUE = "demo.orders"
 TOPIC = "demo.prices"
 
@@ -357,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the demo until Ctrl-C or SIGTERM."""
     args = build_parser().parse_args(argv)
-    var = Path(os.environ.get("GATEWAY_VAR_DIR", ROOT / "var"))
+    var = var_dir()
     var.mkdir(parents=True, exist_ok=True)
     database = args.database or var / "demo.sqlite3"
     url = f"http://127.0.0.1:{args.port}"

@@ -22,16 +22,18 @@ from pathlib import Path
 import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
+from gateway.conf import BASE_DIR as BASE_DIR
+from gateway.conf import GatewaySettings, environ_settings, var_dir
 from gateway.core.leases import DEFAULT_QUEUE_SETTINGS as _QUEUE_DEFAULTS
-from gateway.server.limits import max_request_bytes as _max_request_bytes
 from gateway.site.database_url import parse_database_url
 from gateway.topics.redis_url import layer_host as redis_layer_host
 
 # Lets type hints such as ModelAdmin[Queue] run, not only type-check.
 django_stubs_ext.monkeypatch()
 
-BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(os.environ.get("GATEWAY_VAR_DIR", BASE_DIR / "var"))
+# Every GATEWAY_* default is GatewaySettings' (gateway.conf), written there once.
+_DEFAULTS = GatewaySettings()
+VAR_DIR = var_dir()
 
 
 def _env_bool(name: str, default: bool) -> bool:
@@ -109,7 +111,8 @@ if PRODUCTION and DEBUG:
         "GATEWAY_ENV=production refuses to start with GATEWAY_DEBUG on: debug pages show "
         "settings and stack frames to anyone. Unset GATEWAY_DEBUG."
     )
-ALLOWED_HOSTS = os.environ.get("GATEWAY_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",")
+_HOSTS = ",".join(_DEFAULTS.allowed_hosts)
+ALLOWED_HOSTS = os.environ.get("GATEWAY_ALLOWED_HOSTS", _HOSTS).split(",")
 
 INSTALLED_APPS = [
     "daphne",
@@ -220,7 +223,7 @@ if os.environ.get("REDIS_URL"):
                 "hosts": [redis_layer_host(os.environ["REDIS_URL"])],
                 "capacity": int(os.environ.get("GATEWAY_REDIS_CAPACITY", 10_000)),
                 "expiry": 30,
-                "prefix": os.environ.get("GATEWAY_REDIS_PREFIX", "leasecast"),
+                "prefix": os.environ.get("GATEWAY_REDIS_PREFIX", _DEFAULTS.redis_prefix),
             },
         }
     }
@@ -274,15 +277,19 @@ LOGGING = {
 
 # -- gateway knobs (read through gateway.conf.GatewaySettings) -----------------
 
-GATEWAY_MAX_BODY_BYTES = int(os.environ.get("GATEWAY_MAX_BODY_BYTES", 256 * 1024))
-GATEWAY_MAX_FRAME_BYTES = int(os.environ.get("GATEWAY_MAX_FRAME_BYTES", 8 * 1024 * 1024))
+GATEWAY_MAX_BODY_BYTES = int(os.environ.get("GATEWAY_MAX_BODY_BYTES", _DEFAULTS.max_body_bytes))
+GATEWAY_MAX_FRAME_BYTES = int(os.environ.get("GATEWAY_MAX_FRAME_BYTES", _DEFAULTS.max_frame_bytes))
 # Django's own cap on a request body is the gateway's request limit: the server
 # refuses more while it arrives; the API answers 413 in JSON for the rest.
-DATA_UPLOAD_MAX_MEMORY_SIZE = _max_request_bytes()
-GATEWAY_BATCH_MAX_OPS = int(os.environ.get("GATEWAY_BATCH_MAX_OPS", 4000))
-GATEWAY_MAX_BACKLOG = int(os.environ.get("GATEWAY_MAX_BACKLOG", 100_000))
-GATEWAY_QUEUE_SETTINGS_TTL = float(os.environ.get("GATEWAY_QUEUE_SETTINGS_TTL", 2.0))
-GATEWAY_TOKEN_CACHE_TTL = float(os.environ.get("GATEWAY_TOKEN_CACHE_TTL", 5.0))
+DATA_UPLOAD_MAX_MEMORY_SIZE = environ_settings().max_request_bytes
+GATEWAY_BATCH_MAX_OPS = int(os.environ.get("GATEWAY_BATCH_MAX_OPS", _DEFAULTS.batch_max_ops))
+GATEWAY_MAX_BACKLOG = int(os.environ.get("GATEWAY_MAX_BACKLOG", _DEFAULTS.max_backlog))
+GATEWAY_QUEUE_SETTINGS_TTL = float(
+    os.environ.get("GATEWAY_QUEUE_SETTINGS_TTL", _DEFAULTS.queue_settings_ttl)
+)
+GATEWAY_TOKEN_CACHE_TTL = float(
+    os.environ.get("GATEWAY_TOKEN_CACHE_TTL", _DEFAULTS.token_cache_ttl)
+)
 # Defaults of queues created on first use; the protocol's values live in
 # gateway.core.leases.DEFAULT_QUEUE_SETTINGS, the only copy of them.
 GATEWAY_DEFAULT_VISIBILITY_TIMEOUT = float(
@@ -294,23 +301,25 @@ GATEWAY_DEFAULT_MAX_DELIVERIES = int(
 GATEWAY_DEFAULT_DEDUP_WINDOW = float(
     os.environ.get("GATEWAY_DEFAULT_DEDUP_WINDOW", _QUEUE_DEFAULTS.dedup_window)
 )
-GATEWAY_SERVE_STATIC = _env_bool("GATEWAY_SERVE_STATIC", True)
+GATEWAY_SERVE_STATIC = _env_bool("GATEWAY_SERVE_STATIC", _DEFAULTS.serve_static)
 # GET /metrics without a token (docs/operations.md, Metrics).
-GATEWAY_METRICS_PUBLIC = _env_bool("GATEWAY_METRICS_PUBLIC", False)
-GATEWAY_BLOCK_WAIT = float(os.environ.get("GATEWAY_BLOCK_WAIT", 10.0))
+GATEWAY_METRICS_PUBLIC = _env_bool("GATEWAY_METRICS_PUBLIC", _DEFAULTS.metrics_public)
+GATEWAY_BLOCK_WAIT = float(os.environ.get("GATEWAY_BLOCK_WAIT", _DEFAULTS.block_wait))
 # A topic with no subscriber on a process and no publish for this long is forgotten there.
-GATEWAY_TOPIC_IDLE = float(os.environ.get("GATEWAY_TOPIC_IDLE", 300.0))
-GATEWAY_TOPIC_LIMIT = int(os.environ.get("GATEWAY_TOPIC_LIMIT", 10_000))
-GATEWAY_GC_THRESHOLD = int(os.environ.get("GATEWAY_GC_THRESHOLD", 10_000))
+GATEWAY_TOPIC_IDLE = float(os.environ.get("GATEWAY_TOPIC_IDLE", _DEFAULTS.topic_idle))
+GATEWAY_TOPIC_LIMIT = int(os.environ.get("GATEWAY_TOPIC_LIMIT", _DEFAULTS.topic_limit))
+GATEWAY_GC_THRESHOLD = int(os.environ.get("GATEWAY_GC_THRESHOLD", _DEFAULTS.gc_threshold))
 # Topic offsets, history and the relay between processes live in this Redis
 # (gateway.topics.streams); unset, in the one process.
 REDIS_URL = os.environ.get("REDIS_URL", "")
-GATEWAY_REDIS_PREFIX = os.environ.get("GATEWAY_REDIS_PREFIX", "leasecast")
+GATEWAY_REDIS_PREFIX = os.environ.get("GATEWAY_REDIS_PREFIX", _DEFAULTS.redis_prefix)
 # Messages each topic's Redis stream keeps at least, for processes catching up.
-GATEWAY_TOPIC_RELAY_WINDOW = int(os.environ.get("GATEWAY_TOPIC_RELAY_WINDOW", 10_000))
+GATEWAY_TOPIC_RELAY_WINDOW = int(
+    os.environ.get("GATEWAY_TOPIC_RELAY_WINDOW", _DEFAULTS.topic_relay_window)
+)
 # Seconds a finished django.tasks result is kept (gateway.tasks), default 7 days.
 GATEWAY_TASK_RESULT_RETENTION = float(
-    os.environ.get("GATEWAY_TASK_RESULT_RETENTION", 7 * 24 * 3600.0)
+    os.environ.get("GATEWAY_TASK_RESULT_RETENTION", _DEFAULTS.task_result_retention)
 )
 
 # -- access control (docs/operations.md, Security) -----------------------------
@@ -371,14 +380,21 @@ if GATEWAY_HTTPS:
 # production at these defaults unless set.
 GATEWAY_TOKEN_MAX_SOCKETS = int(_env_number("GATEWAY_TOKEN_MAX_SOCKETS", 1000 if PRODUCTION else 0))
 GATEWAY_TOKEN_RATE = _env_number("GATEWAY_TOKEN_RATE", 20_000.0 if PRODUCTION else 0.0)
-GATEWAY_TOKEN_BURST = _env_number("GATEWAY_TOKEN_BURST", 0.0)  # 0: two seconds of the rate
+# 0: two seconds of the rate
+GATEWAY_TOKEN_BURST = _env_number("GATEWAY_TOKEN_BURST", _DEFAULTS.token_limits.burst)
 # Signed tokens (JWT HS256, gateway.tokens): the key, shared with the application
 # that mints them. Unset: signed tokens are refused.
 GATEWAY_SIGNING_KEY = os.environ.get("GATEWAY_SIGNING_KEY", "")
 # The longest a signed token may still live when used (seconds, a day; 0: no
 # maximum), and the audience and issuer it must carry (unset: not looked at).
-GATEWAY_SIGNING_MAX_TTL = _env_number("GATEWAY_SIGNING_MAX_TTL", 86400.0)
+GATEWAY_SIGNING_MAX_TTL = _env_number("GATEWAY_SIGNING_MAX_TTL", _DEFAULTS.signing_max_ttl)
 GATEWAY_SIGNING_AUDIENCE = os.environ.get("GATEWAY_SIGNING_AUDIENCE", "")
 GATEWAY_SIGNING_ISSUER = os.environ.get("GATEWAY_SIGNING_ISSUER", "")
 # Seconds between each process's checks for revoked stored tokens of its sockets.
-GATEWAY_TOKEN_CHECK_INTERVAL = _env_number("GATEWAY_TOKEN_CHECK_INTERVAL", 2.0)
+GATEWAY_TOKEN_CHECK_INTERVAL = _env_number(
+    "GATEWAY_TOKEN_CHECK_INTERVAL", _DEFAULTS.token_check_interval
+)
+# Seconds a queue's oldest visible message may wait before the dashboard lists it.
+GATEWAY_DASHBOARD_OLDEST_ALERT = _env_number(
+    "GATEWAY_DASHBOARD_OLDEST_ALERT", _DEFAULTS.dashboard_oldest_alert
+)

@@ -28,18 +28,13 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from gateway.conf import client_setting
 from gateway.core.errors import LeasecastError
 from gateway.core.protocol import NAME_RE
 from gateway.host.task_worker import DEFAULT_CONCURRENCY, DEFAULT_GRACE, TaskWorker, log
 
 #: ``LEASECAST_URL`` when neither the option, the settings nor the environment set it.
 DEFAULT_URL = "http://127.0.0.1:8000"
-
-
-def _setting(name: str) -> str | None:
-    """A Django setting, else the environment variable of the same name."""
-    value = getattr(settings, name, None) or os.environ.get(name)
-    return str(value) if value else None
 
 
 def _default_queues() -> list[str]:
@@ -99,8 +94,8 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        url = options["url"] or _setting("LEASECAST_URL") or DEFAULT_URL
-        token = options["token"] or _setting("LEASECAST_TOKEN")
+        url = options["url"] or client_setting("LEASECAST_URL") or DEFAULT_URL
+        token = options["token"] or client_setting("LEASECAST_TOKEN")
         if not token:
             raise CommandError("no token: use --token, or set LEASECAST_TOKEN")
         queues = options["queues"] or _default_queues()
