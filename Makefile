@@ -104,9 +104,14 @@ balancer:
 	else echo "No haproxy and not root: the load-balancer tests will be skipped"; fi
 
 ## Lint, type-check, then every test suite on Django 5.2, then the Django-facing
-## tests on Django 6.
+## tests on Django 6. The suite runs on $(TEST_WORKERS) parallel workers (pytest-xdist;
+## most tests wait on servers), each test module whole on one worker; the tests
+## marked `serial` (they restart the machine's PostgreSQL and Redis, or need a
+## quiet machine) run alone afterwards. Each run prints its ten slowest tests.
+TEST_WORKERS ?= 4
 test: lint typecheck browser balancer
-	$(BIN)/pytest -q --durations=10
+	$(BIN)/pytest -q --durations=10 -n $(TEST_WORKERS) --dist loadgroup -m "not serial"
+	$(BIN)/pytest -q --durations=10 -m serial
 	$(MAKE) --no-print-directory test-django6
 
 $(VENV6)/.installed: pyproject.toml clients/python/pyproject.toml
@@ -123,7 +128,7 @@ test-django6:
 	if [ -n "$$py" ]; then \
 	  $(MAKE) --no-print-directory $(VENV6)/.installed PYTHON_DJANGO6=$$py && \
 	  $(VENV6)/bin/python -c 'import django; print("Django", django.get_version())' && \
-	  $(VENV6)/bin/pytest -q -p no:cacheprovider $(DJANGO6_TESTS); \
+	  $(VENV6)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup $(DJANGO6_TESTS); \
 	else echo "Skipping the Django 6 tests: no Python 3.12 or later on this machine"; fi
 
 ## The headline comparisons against NATS JetStream, RabbitMQ, pgqueuer, NATS core,

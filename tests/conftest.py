@@ -37,3 +37,24 @@ def redis_url() -> str:
     if reason:
         pytest.skip(reason)
     return REDIS_URL
+
+
+#: Directories whose modules share session fixtures (one Spark session; one 1.1
+#: deployment per backend): a parallel run keeps each of them on one worker.
+SHARED_DIRECTORIES = ("tests/spark/", "tests/integration/queue11/")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Group the tests for pytest-xdist's ``--dist loadgroup`` (``make test``).
+
+    Each test module is a group of its own, run whole by one worker, so its
+    module-scoped gateway starts once, as in a serial run; a directory of
+    :data:`SHARED_DIRECTORIES` is one group. A test that names its own
+    ``xdist_group`` keeps it. Without ``-n`` the marks change nothing.
+    """
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            path = item.nodeid.split("::", 1)[0]
+            group = next((d for d in SHARED_DIRECTORIES if path.startswith(d)), path)
+            item.add_marker(pytest.mark.xdist_group(group))

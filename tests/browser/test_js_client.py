@@ -16,9 +16,8 @@ import asyncio
 import json
 import re
 import tempfile
-import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +27,13 @@ from tests.support.browsers import browser_missing
 from tests.support.clients import Socket, ahttp
 from tests.support.databases import REDIS_URL, ROOT, redis_unavailable, sqlite_database
 from tests.support.gateways import GatewayProcess
+from tests.support.tokens import TEST_SIGNING_KEY, mint
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing()))
 
 DOC = ROOT / "docs" / "clients.md"
-SIGNING_KEY = "browser-test-signing-key-0123456789abcdef"
+SIGNING_KEY = TEST_SIGNING_KEY
 PAGE_SCOPES = ("subscribe:prices", "consume:thumbnails", "enqueue:orders")
 
 
@@ -108,16 +109,6 @@ async def open_example(chromium: Any, site: GatewayProcess, view: TokenView) -> 
     return page
 
 
-async def eventually(check: Callable[[], Awaitable[Any]], what: str, tries: int = 150) -> Any:
-    """Poll ``check`` until it returns something truthy (bounded: ``tries`` times 0.1 s)."""
-    for _ in range(tries):
-        result = await check()
-        if result:
-            return result
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"never happened: {what}")
-
-
 async def subscriber_sockets(site: GatewayProcess, admin: str, topic: str) -> list[dict[str, Any]]:
     status, stats = await ahttp("GET", f"{site.http}/api/stats", admin)
     assert status == 200, stats
@@ -171,7 +162,7 @@ async def test_example_page_subscribes_works_a_queue_and_enqueues(
 ) -> None:
     view = TokenView(lambda: page_token)
     page = await open_example(browser, site, view)
-    await eventually(lambda: subscriber_sockets(site, admin, "prices"), "the page's subscription")
+    await wait_until(lambda: subscriber_sockets(site, admin, "prices"), "the page's subscription")
 
     # Live prices, in order, each once; credit is granted back as they are shown
     # (a window of 64: 200 messages need three grants or more).
@@ -181,7 +172,7 @@ async def test_example_page_subscribes_works_a_queue_and_enqueues(
     async def all_shown() -> bool:
         return len(await shown_prices(page)) >= len(bodies)
 
-    await eventually(all_shown, "200 prices shown")
+    await wait_until(all_shown, "200 prices shown")
     assert [body for _, body in await shown_prices(page)] == bodies
 
     # The page's worker acks what is enqueued to its queue.
@@ -190,12 +181,12 @@ async def test_example_page_subscribes_works_a_queue_and_enqueues(
             await producer.request(
                 {"op": "enqueue", "queue": "thumbnails", "body": {"image": f"img{i}.png"}}
             )
-    await eventually(
+    await wait_until(
         lambda: page.evaluate("document.querySelectorAll('#jobs li').length === 3"),
         "three jobs shown",
     )
 
-    await eventually(
+    await wait_until(
         lambda: queue_drained(site, admin, "thumbnails"), "the thumbnails queue acked empty"
     )
     jobs = await page.eval_on_selector_all("#jobs li", "items => items.map(li => li.textContent)")
@@ -221,7 +212,7 @@ async def test_socket_closed_by_the_gateway_resumes_without_gap_or_is_told(
 ) -> None:
     missing = await topic_history_supported(site, admin, "prices")
     page = await open_example(browser, site, TokenView(lambda: page_token))
-    (before,) = await eventually(
+    (before,) = await wait_until(
         lambda: subscriber_sockets(site, admin, "prices"), "the page's subscription"
     )
     await publish(site, admin, "prices", [f"a{i}" for i in range(5)])
@@ -229,7 +220,7 @@ async def test_socket_closed_by_the_gateway_resumes_without_gap_or_is_told(
     async def shown_at_least(n: int) -> bool:
         return len(await shown_prices(page)) >= n
 
-    await eventually(lambda: shown_at_least(5), "five prices before the disconnect")
+    await wait_until(lambda: shown_at_least(5), "five prices before the disconnect")
 
     # The gateway closes the page's socket (the dashboard's disconnect, code
     # 4000); five prices are published while the page reconnects.
@@ -244,7 +235,7 @@ async def test_socket_closed_by_the_gateway_resumes_without_gap_or_is_told(
         now = await subscriber_sockets(site, admin, "prices")
         return len(now) == 1 and now[0]["id"] != before["id"]
 
-    await eventually(reconnected, "the page's new socket")
+    await wait_until(reconnected, "the page's new socket")
     if missing is not None:
         # Without history the gateway cannot replay: the page must say so.
         await page.wait_for_function(
@@ -253,7 +244,7 @@ async def test_socket_closed_by_the_gateway_resumes_without_gap_or_is_told(
         assert page.errors == []
         pytest.skip(f"told of the gap; no-gap resume not testable: {missing}")
 
-    await eventually(lambda: shown_at_least(10), "ten prices after the disconnect")
+    await wait_until(lambda: shown_at_least(10), "ten prices after the disconnect")
     shown_now = await shown_prices(page)
     assert [body for _, body in shown_now] == [f"a{i}" for i in range(5)] + [
         f"b{i}" for i in range(5)
@@ -277,7 +268,7 @@ async def restart_under_the_page(
     if missing is not None:
         pytest.skip(missing)
     page = await open_example(chromium, gateway, TokenView(lambda: page_token))
-    await eventually(
+    await wait_until(
         lambda: subscriber_sockets(gateway, admin, "prices"), "the page's subscription"
     )
     await publish(gateway, admin, "prices", [f"c{i}" for i in range(3)])
@@ -285,7 +276,7 @@ async def restart_under_the_page(
     async def shown_at_least(n: int) -> bool:
         return len(await shown_prices(page)) >= n
 
-    await eventually(lambda: shown_at_least(3), "three prices before the restart")
+    await wait_until(lambda: shown_at_least(3), "three prices before the restart")
     # The page reconnects by itself (backoff); what is published before it is
     # back is missed unless it resumes.
     await asyncio.to_thread(gateway.stop)
@@ -296,7 +287,7 @@ async def restart_under_the_page(
     async def complete_or_told() -> bool:
         return await shown_at_least(6) or await page.evaluate(told)
 
-    await eventually(complete_or_told, "all six prices, or the gap told")
+    await wait_until(complete_or_told, "all six prices, or the gap told")
     bodies = [body for _, body in await shown_prices(page)]
     return page, bodies, await page.evaluate(told)
 
@@ -315,7 +306,7 @@ async def test_gateway_restart_loses_in_process_history_and_the_page_is_told(
     assert len(set(bodies)) == len(bodies)
     # And it goes on with the new epoch.
     await publish(site, admin, "prices", ["e0"])
-    await eventually(
+    await wait_until(
         lambda: page.evaluate(
             "[...document.querySelectorAll('#prices li')].some(li => li.textContent === '\"e0\"')"
         ),
@@ -355,15 +346,6 @@ async def test_gateway_restart_with_history_in_redis_resumes_without_gap(
     await page.close()
 
 
-def mint(sub: str, scopes: tuple[str, ...], ttl: float) -> str:
-    """A signed token as any backend mints one: PyJWT, HS256, the gateway's key."""
-    import jwt
-
-    now = time.time()
-    claims = {"sub": sub, "iat": int(now), "exp": int(now + ttl), "scopes": list(scopes)}
-    return jwt.encode(claims, SIGNING_KEY.encode(), algorithm="HS256")
-
-
 async def test_signed_token_of_a_non_staff_user_is_refreshed_and_works_a_queue(
     browser: Any,
     site: GatewayProcess,
@@ -378,7 +360,7 @@ async def test_signed_token_of_a_non_staff_user_is_refreshed_and_works_a_queue(
     # Tokens of 8 seconds: the page must refresh them to keep its sockets.
     view = TokenView(lambda: mint("visitor", PAGE_SCOPES, 8))
     page = await open_example(browser, site, view)
-    (first,) = await eventually(
+    (first,) = await wait_until(
         lambda: subscriber_sockets(site, admin, "prices"), "the page's subscription"
     )
     start = len(await shown_prices(page))
@@ -393,7 +375,7 @@ async def test_signed_token_of_a_non_staff_user_is_refreshed_and_works_a_queue(
     async def all_shown() -> bool:
         return len(await shown_prices(page)) >= start + len(sent)
 
-    await eventually(all_shown, "every price while tokens expire and are refreshed")
+    await wait_until(all_shown, "every price while tokens expire and are refreshed")
     assert [body for _, body in await shown_prices(page)][start:] == sent
     (now,) = await subscriber_sockets(site, admin, "prices")
     assert now["id"] == first["id"], "the socket was replaced: its token was not refreshed"
@@ -406,7 +388,7 @@ async def test_signed_token_of_a_non_staff_user_is_refreshed_and_works_a_queue(
                 {"op": "enqueue", "queue": "thumbnails", "body": {"image": f"signed{i}.png"}}
             )
 
-    await eventually(
+    await wait_until(
         lambda: queue_drained(site, admin, "thumbnails"), "the thumbnails queue acked empty"
     )
     assert page.errors == []
@@ -512,7 +494,7 @@ async def test_page_worker_controls_and_typed_errors(
         counts = [(q["visible"], q["in_flight"], q["dead"]) for q in (a, b)]
         return counts == [(0, 0, 0), (0, 0, 1)]
 
-    await eventually(settled, "work.a acked, work.b dead-lettered")
+    await wait_until(settled, "work.a acked, work.b dead-lettered")
     assert errors == []
     await page.close()
 
@@ -527,7 +509,7 @@ async def test_revoked_token_closes_with_4401_and_the_page_reconnects_with_a_new
     current = [first]
     view = TokenView(lambda: current[0])
     page = await open_example(browser, site, view)
-    (before,) = await eventually(
+    (before,) = await wait_until(
         lambda: subscriber_sockets(site, admin, "prices"), "the page's subscription"
     )
     try:
@@ -541,20 +523,20 @@ async def test_revoked_token_closes_with_4401_and_the_page_reconnects_with_a_new
         return all(socket["id"] != before["id"] for socket in now)
 
     try:
-        await eventually(closed_by_gateway, "the revoked token's socket closed", tries=100)
+        await wait_until(closed_by_gateway, "the revoked token's socket closed", timeout=10)
     except AssertionError:
         pytest.skip("the gateway does not close the sockets of a revoked token (4401) yet")
 
     async def replaced() -> bool:
         return len(await subscriber_sockets(site, admin, "prices")) == 1
 
-    await eventually(replaced, "the page's new socket, with the new token")
+    await wait_until(replaced, "the page's new socket, with the new token")
     await publish(site, admin, "prices", ["after-revoke"])
 
     async def shown() -> bool:
         return "after-revoke" in [body for _, body in await shown_prices(page)]
 
-    await eventually(shown, "a price after the reconnect with the new token")
+    await wait_until(shown, "a price after the reconnect with the new token")
     assert view.calls >= 2
     assert page.errors == []
     await page.close()
@@ -594,7 +576,7 @@ async def test_an_async_on_message_holds_credit_and_drops_are_reported(
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     await page.goto(f"{site.http}/healthz")
     await page.evaluate(SLOW_PAGE_SCRIPT, {"token": token})
-    await eventually(lambda: subscriber_sockets(site, admin, "slow"), "the page's subscription")
+    await wait_until(lambda: subscriber_sockets(site, admin, "slow"), "the page's subscription")
 
     # Twenty prices while the page is stuck on the first: the gateway sends two
     # (the credit), keeps the newest three (capacity, drop_oldest), drops 15.
@@ -604,7 +586,7 @@ async def test_an_async_on_message_holds_credit_and_drops_are_reported(
     assert await page.evaluate("window.slow.bodies") == [0]
 
     await page.evaluate("window.slow.release()")
-    await eventually(
+    await wait_until(
         lambda: page.evaluate("window.slow.bodies.length === 5"), "the buffered prices"
     )
     assert await page.evaluate("window.slow.bodies") == [0, 1, 17, 18, 19]
@@ -701,7 +683,7 @@ async def test_a_refused_token_is_an_auth_error_not_an_outage(
         state = await page.evaluate("window.renewedOut()")
         return len(now) == before + 1 and state["state"] == "open"
 
-    await eventually(renewed_open, "the subscription open with the token getToken gave next")
+    await wait_until(renewed_open, "the subscription open with the token getToken gave next")
     renewed = await page.evaluate("window.renewedOut()")
     assert (renewed["calls"], renewed["recovers"], renewed["reconnects"]) == (2, [], 0)
     await page.evaluate("window.renewed.close()")

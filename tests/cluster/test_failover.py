@@ -39,7 +39,8 @@ from tests.cluster.deploy import Deployment
 from tests.cluster.services import open_socket, request
 from tests.support.clients import Socket, unique
 
-pytestmark = pytest.mark.slow
+# Alone, after the parallel run: hosts, databases and Sentinels of their own.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 #: What an enqueue may be answered during a failover, and an ack.
 ENQUEUE_ANSWERS = {"enqueued", "unavailable"}

@@ -23,7 +23,8 @@ from tests.cluster.deploy import Deployment
 from tests.cluster.services import open_socket, request
 from tests.support.clients import Socket, unique
 
-pytestmark = pytest.mark.slow
+# Alone, after the parallel run: hosts, databases and Sentinels of their own.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 
 async def sockets_on(d: Deployment, gateway_index: int) -> int:

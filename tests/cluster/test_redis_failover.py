@@ -43,8 +43,10 @@ from websockets.exceptions import ConnectionClosed
 from tests.cluster.deploy import Deployment
 from tests.cluster.services import GATEWAY_PORT, open_socket
 from tests.support.clients import Socket, unique
+from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.slow
+# Alone, after the parallel run: hosts, databases and Sentinels of their own.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 CLOSE_NEW_EPOCH = 4409
 
@@ -160,14 +162,6 @@ def _link_down(d: Deployment) -> bool:
     return isinstance(info, dict) and info.get("master_link_status") == "down"
 
 
-async def until(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.05)
-
-
 async def publish_directly(d: Deployment, gateway: int, topic: str, body: Any) -> dict[str, Any]:
     """One publish on one gateway (not through haproxy); retried while it is unavailable."""
     url = f"ws://{d.gateways[gateway].host.address}:{GATEWAY_PORT}/ws/produce/"
@@ -210,7 +204,9 @@ async def test_redis_master_replaced_through_sentinel_gives_a_new_epoch_never_a_
         deadline = time.monotonic() + 60
         for _ in range(20):
             await publisher.publish(deadline)
-        await until(lambda: all(len(s.items) >= 20 for s in old), 20, "the first 20 delivered")
+        await wait_until(
+            lambda: all(len(s.items) >= 20 for s in old), "the first 20 delivered", timeout=20
+        )
         old_epoch = publisher.confirmed[0][0]
 
         # The replica falls behind: it logs in to the master as a user that
@@ -218,7 +214,7 @@ async def test_redis_master_replaced_through_sentinel_gives_a_new_epoch_never_a_
         # these publishes are confirmed by the master alone.
         d.replica.command("CONFIG", "SET", "masteruser", "nobody-here", "masterauth", "wrong")
         d.replica.command("CLIENT", "KILL", "TYPE", "master")
-        await until(lambda: _link_down(d), 10, "the replica's link to the master cut")
+        await wait_until(lambda: _link_down(d), "the replica's link to the master cut", timeout=10)
         for _ in range(5):
             await publisher.publish(deadline)
         # The master's host dies (its Sentinel with it).
@@ -253,7 +249,7 @@ async def test_redis_master_replaced_through_sentinel_gives_a_new_epoch_never_a_
         new = [
             await Session.open(d, s.gateway, topic, resume=(s.items[-1][0], old_epoch)) for s in old
         ]
-        await until(lambda: all(s.subscribed for s in new), 20, "subscribed frames")
+        await wait_until(lambda: all(s.subscribed for s in new), "subscribed frames", timeout=20)
         for s in new:
             assert s.subscribed is not None
             assert s.subscribed["recovered"] is False, s.subscribed
@@ -265,8 +261,10 @@ async def test_redis_master_replaced_through_sentinel_gives_a_new_epoch_never_a_
         direct = [await publish_directly(d, i, topic, f"direct-{i}") for i in (0, 1)]
         assert all(reply["op"] == "published" for reply in direct), direct
         wanted = [*range(first_new, publisher.next), "direct-0", "direct-1"]
-        await until(
-            lambda: all(set(wanted) <= set(s.bodies) for s in new), 20, "the new epoch delivered"
+        await wait_until(
+            lambda: all(set(wanted) <= set(s.bodies) for s in new),
+            "the new epoch delivered",
+            timeout=20,
         )
         new_epoch = new[0].subscribed["epoch"] if new[0].subscribed else None
         # The channel layer follows the master too: a dashboard on gw1 hears

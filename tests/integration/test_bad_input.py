@@ -251,10 +251,10 @@ async def worker_leases(gw: GatewayProcess, token: str, queue: str) -> dict[str,
 
 @both_servers
 async def test_unknown_socket_paths_are_refused(gateway: GatewayProcess, admin_token: str) -> None:
-    for path in ("/ws/nothing/", "/ws/queues/", "/ws/queues/a/b/", "/"):
-        with pytest.raises(InvalidStatus) as info:
-            await Socket.open(gateway.ws + path, admin_token)
-        assert info.value.response.status_code == 403, path
+    """The server's side of a refused path: HTTP 403 (which paths: test_refusals_in_process)."""
+    with pytest.raises(InvalidStatus) as info:
+        await Socket.open(gateway.ws + "/ws/queues/a/b/", admin_token)
+    assert info.value.response.status_code == 403
 
 
 # -- protocol 1.2: unknown fields, JSON everywhere under /api/, numbers in URLs

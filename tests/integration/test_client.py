@@ -13,7 +13,7 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +23,7 @@ from gateway.core.errors import Forbidden, ProtocolError, StaleReceipt, Unauthor
 from tests.support.clients import Socket, ahttp, unique
 from tests.support.databases import ROOT
 from tests.support.gateways import GatewayProcess
+from tests.support.waiting import wait_until
 
 
 async def test_worker_iterates_and_ends_leases(gateway: GatewayProcess, admin_token: str) -> None:
@@ -107,14 +108,6 @@ async def test_worker_reconnects_after_the_gateway_restarts(
     assert (stats["visible"], stats["in_flight"], stats["delayed"], stats["dead"]) == (0, 1, 0, 0)
 
 
-async def eventually(condition: Callable[[], bool], what: str, timeout: float = 30) -> None:
-    """Wait until ``condition()`` holds; fail with ``what`` after ``timeout`` seconds."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, f"never: {what}"
-        await asyncio.sleep(0.05)
-
-
 async def test_subscriber_reconnects_after_the_gateway_restarts(
     own_gateway: GatewayProcess,
 ) -> None:
@@ -133,7 +126,7 @@ async def test_subscriber_reconnects_after_the_gateway_restarts(
         own_gateway.start()  # same port
         # Iterating drives the reconnect; nobody calls anything else on the subscriber.
         waiting = asyncio.ensure_future(anext(messages))
-        await eventually(
+        await wait_until(
             lambda: subscriber.reconnects == 1 or waiting.done(), "the subscriber reconnected"
         )
         assert not waiting.done(), waiting  # nothing was published yet: nothing to yield
@@ -178,7 +171,7 @@ async def test_subscriber_reconnects_after_the_gateway_drops_its_socket(
         )
         assert reply["op"] == "disconnected"
         waiting = asyncio.ensure_future(anext(messages))
-        await eventually(
+        await wait_until(
             lambda: subscriber.reconnects == 1 or waiting.done(), "the subscriber reconnected"
         )
         assert not waiting.done(), waiting
@@ -370,7 +363,7 @@ async def test_a_signed_token_is_refreshed_and_a_lapsed_one_reconnects(
 
     async with Producer(signed_gateway.ws, token=mint) as producer:
         await producer.enqueue(q, "first")
-        await eventually(
+        await wait_until(
             lambda: producer._link is not None and producer._link.refreshes >= 2,
             "two refreshes",
             timeout=20,

@@ -8,8 +8,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,16 +15,7 @@ from gateway.site.demo import spark_missing
 from tests.support.clients import http
 from tests.support.databases import ROOT, base_env, manage
 from tests.support.gateways import free_port
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+from tests.support.waiting import wait_until_blocking
 
 
 def credential(path: Path, label: str) -> str:
@@ -76,7 +65,9 @@ def test_demo_runs_every_part_and_stops_cleanly_on_ctrl_c() -> None:
             start_new_session=True,
         )  # fmt: skip
     try:
-        wait_for(lambda: "Ctrl-C stops everything" in log.read_text(), 120, "the banner")
+        wait_until_blocking(
+            lambda: "Ctrl-C stops everything" in log.read_text(), "the banner", timeout=120
+        )
         banner = log.read_text()
         assert f"{url}/dashboard/" in banner and "admin / " in banner
         # Its own database and credentials, named in the banner.
@@ -103,7 +94,9 @@ def test_demo_runs_every_part_and_stops_cleanly_on_ctrl_c() -> None:
                 and subs["drop_oldest"]["delivered"] > 0
             )
 
-        wait_for(alive, 120, f"workers acking and subscribers receiving:\n{log.read_text()}")
+        wait_until_blocking(
+            alive, f"workers acking and subscribers receiving:\n{log.read_text()}", timeout=120
+        )
         # make run's leftovers are not the demo's: no leftover queue, no alert from it.
         queues = http("GET", f"{url}/api/stats", token)[1]["queues"]
         assert "leftover.jobs" not in {q["name"] for q in queues}, queues
@@ -111,14 +104,16 @@ def test_demo_runs_every_part_and_stops_cleanly_on_ctrl_c() -> None:
         # them has the admin token on its command line, where ps shows it.
         assert arguments_holding(token) == []
         # The poison message is nacked until it is dead-lettered.
-        wait_for(
+        wait_until_blocking(
             lambda: http("GET", f"{url}/api/queues/demo.orders", token)[1].get("dead", 0) >= 1,
-            120,
             "a dead-lettered poison message",
+            timeout=120,
         )
         if with_spark:
             spark_log = var / "demo-spark.log"
-            wait_for(lambda: "rows in" in spark_log.read_text(), 120, "a Spark batch")
+            wait_until_blocking(
+                lambda: "rows in" in spark_log.read_text(), "a Spark batch", timeout=120
+            )
         os.killpg(demo.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends
         assert demo.wait(120) == 0, log.read_text()[-3000:]
     finally:

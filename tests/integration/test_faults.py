@@ -25,6 +25,9 @@ from tests.support.clients import Socket, ahttp, unique
 from tests.support.databases import PG_ADMIN_URL, REDIS_URL, postgres_unavailable, redis_unavailable
 from tests.support.gateways import GatewayProcess, gateways_on_redis
 
+#: Alone, after the parallel run: these tests restart the PostgreSQL and Redis every test uses.
+pytestmark = pytest.mark.serial
+
 ROUNDS = 20
 
 

@@ -26,6 +26,10 @@ import pytest
 
 from tests.support.clients import Socket, ahttp, unique
 from tests.support.gateways import GatewayProcess
+from tests.support.waiting import wait_until
+
+#: Alone, after the parallel run: a thousand sockets want the machine to themselves.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 WORKERS = 500
 SUBSCRIBERS = 500
@@ -81,14 +85,6 @@ async def socket_count(gateway: GatewayProcess, token: str) -> int:
     status, stats = await ahttp("GET", f"{gateway.http}/api/stats", token)
     assert status == 200, stats
     return len(stats["sockets"])
-
-
-async def until(condition: Any, what: str, limit: float = 120) -> None:
-    deadline = asyncio.get_running_loop().time() + limit
-    while not await condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        await asyncio.sleep(0.2)
 
 
 async def test_a_thousand_sockets_on_one_process(roomy_gateway: GatewayProcess) -> None:
@@ -158,7 +154,7 @@ async def test_a_thousand_sockets_on_one_process(roomy_gateway: GatewayProcess) 
                 task.result()  # a failed check in a client: raise it here
         return sum(acked.values()) >= expected and all(len(h) >= PER_TOPIC for h in heard)
 
-    await until(all_done, "every message to be acked and every publish heard")
+    await wait_until(all_done, "every message to be acked and every publish heard", timeout=120)
     assert sorted(acked) == sorted(ids) and set(acked.values()) == {1}
     assert set(deliveries.values()) == {1}
     for k, got in enumerate(heard):
@@ -174,7 +170,7 @@ async def test_a_thousand_sockets_on_one_process(roomy_gateway: GatewayProcess) 
     async def no_sockets() -> bool:
         return await socket_count(gateway, token) == 0
 
-    await until(no_sockets, "/api/stats to show 0 sockets")
+    await wait_until(no_sockets, "/api/stats to show 0 sockets", timeout=120)
     for q in queues:
         status, counts = await ahttp("GET", f"{gateway.http}/api/queues/{q}", token)
         assert status == 200, counts

@@ -19,7 +19,7 @@ import tempfile
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.clients import Socket, ahttp, http, unique
 from tests.support.databases import ROOT, postgres_database, postgres_unavailable
 from tests.support.gateways import GatewayProcess
+from tests.support.waiting import wait_until
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -74,15 +75,6 @@ def queue_counts(samples: Samples, queue: str) -> dict[str, float]:
         short = name.removeprefix("leasecast_queue_").removesuffix("_total")
         found[f"{short}:{lab['reason']}" if "reason" in lab else short] = n
     return found
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 15) -> None:
-    """Wait until ``check()`` holds (polled); fail saying ``what`` if it never does."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await check():
-        if asyncio.get_running_loop().time() > deadline:
-            pytest.fail(f"never true: {what}")
-        await asyncio.sleep(0.2)
 
 
 async def worker(gw: GatewayProcess, token: str, queue: str, **params: object) -> Socket:
@@ -340,7 +332,7 @@ async def test_dead_letters_by_reason(gateway: GatewayProcess, admin_token: str)
         status, doc = await ahttp("GET", f"{gateway.http}/api/queues/{q}", admin_token)
         return status == 200 and doc["dead"] == 3
 
-    await eventually(all_dead, "three dead messages")
+    await wait_until(all_dead, "three dead messages")
     found = queue_counts(await scrape(gateway, admin_token), q)
     assert found["dead_lettered:max_deliveries"] == 1
     assert found["dead_lettered:rejected"] == 1
@@ -514,7 +506,7 @@ async def test_two_processes_one_deployment(
                     return False
             return True
 
-        await eventually(both_see_the_sums, f"both scrapes show {expected}")
+        await wait_until(both_see_the_sums, f"both scrapes show {expected}")
 
         async def both_processes_sockets() -> bool:
             for gw in (a, b):
@@ -523,7 +515,7 @@ async def test_two_processes_one_deployment(
                     return False
             return True
 
-        await eventually(both_processes_sockets, "each scrape shows both processes' workers")
+        await wait_until(both_processes_sockets, "each scrape shows both processes' workers")
     finally:
         await wa.close()
         await wb.close()
@@ -534,7 +526,7 @@ async def test_two_processes_one_deployment(
         closed = workers.get(names[a.name], 0) == 0 and workers.get(names[b.name], 0) == 0
         return closed and queue_counts(samples, q) == expected
 
-    await eventually(sockets_gone_counts_stay, "closed sockets leave the gauge, counts stay")
+    await wait_until(sockets_gone_counts_stay, "closed sockets leave the gauge, counts stay")
 
 
 async def test_two_processes_topic_counters(
@@ -568,7 +560,7 @@ async def test_two_processes_topic_counters(
         return published == {"published": 10, "delivered": 10}
 
     try:
-        await eventually(counted, "topic counters of both processes", timeout=6)
+        await wait_until(counted, "topic counters of both processes", timeout=6)
     except pytest.fail.Exception:
         if published == {"published": 0, "delivered": 0}:
             pytest.skip(

@@ -36,6 +36,7 @@ from websockets.exceptions import ConnectionClosed
 from tests.support.clients import Socket, ahttp, unique
 from tests.support.databases import sqlite_database
 from tests.support.gateways import GatewayProcess
+from tests.support.waiting import wait_until
 
 BODY_BYTES = 8 * 1024
 CAPACITY = 1000
@@ -189,17 +190,6 @@ class GoodSubscriber:
         await self.socket.close()
 
 
-async def until(condition: Any, what: str, *checks: Any, limit: float = 120) -> None:
-    """Wait for ``condition()``; fail with ``what`` after ``limit`` seconds."""
-    deadline = asyncio.get_running_loop().time() + limit
-    while not condition():
-        for check in checks:
-            check()
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 async def publish_all(producer: Socket, topic: str, n: int) -> None:
     """``n`` publishes, up to 200 unconfirmed at a time; each must be accepted."""
     window: list[asyncio.Task[dict[str, Any]]] = []
@@ -236,8 +226,12 @@ async def well_behaved_round(gateway: GatewayProcess, token: str, scale: float =
     publishes, enqueues = int(PUBLISHES * scale), int(ENQUEUES * scale)
     await publish_all(producer, topic, publishes)
     await enqueue_all(producer, queue, enqueues)
-    await until(lambda: sub.heard == publishes, "the warm-up publishes", sub.check)
-    await until(lambda: len(worker.acked) == enqueues, "the warm-up enqueues", worker.check)
+    await wait_until(
+        lambda: sub.heard == publishes or sub.check(), "the warm-up publishes", timeout=120
+    )
+    await wait_until(
+        lambda: len(worker.acked) == enqueues or worker.check(), "the warm-up enqueues", timeout=120
+    )
     for s in (worker, sub):
         await s.close()
     await producer.close()
@@ -288,7 +282,11 @@ async def test_misbehaving_clients_cost_bounded_memory_and_others_get_everything
 
     await publish_all(producer, topic, PUBLISHES)
     ids = await enqueue_all(producer, queue, ENQUEUES)
-    await until(lambda: sub.heard == PUBLISHES, "the subscriber to hear every publish", sub.check)
+    await wait_until(
+        lambda: sub.heard == PUBLISHES or sub.check(),
+        "the subscriber to hear every publish",
+        timeout=120,
+    )
 
     def held_elsewhere(snapshot: dict[str, Any]) -> int:
         return sum(
@@ -344,7 +342,9 @@ async def test_misbehaving_clients_cost_bounded_memory_and_others_get_everything
         conn.transport.abort()
     for s in no_credit:
         await s.close()
-    await until(lambda: len(worker.acked) == ENQUEUES, "the released leases", worker.check)
+    await wait_until(
+        lambda: len(worker.acked) == ENQUEUES or worker.check(), "the released leases", timeout=120
+    )
     assert sorted(worker.acked) == sorted(ids)
     assert sum(1 for d in worker.acked.values() if d > 1) <= 2 * PREFETCH
     status, counts = await ahttp("GET", f"{gateway.http}/api/queues/{queue}", token)
@@ -374,7 +374,11 @@ async def flood_past_readers_that_stopped(
     sub = await GoodSubscriber.open(gateway, token, topic)
     producer = await Socket.open(f"{gateway.ws}/ws/produce/", token)
     await publish_all(producer, topic, PUBLISHES)
-    await until(lambda: sub.heard == PUBLISHES, "the subscriber to hear every publish", sub.check)
+    await wait_until(
+        lambda: sub.heard == PUBLISHES or sub.check(),
+        "the subscriber to hear every publish",
+        timeout=120,
+    )
     grown = rss_mib(pid) - before
     await producer.close()
     return grown, sub, stopped, topic
@@ -462,7 +466,11 @@ async def test_a_block_subscriber_that_stops_reading_gets_4008_and_the_publisher
     assert snapshot["process"]["slow_consumers_closed"] == 1, snapshot["process"]
     [row] = [t for t in snapshot["topics"] if t["name"] == topic]
     assert row["subscribers"] == 1, row
-    await until(lambda: sub.heard == PUBLISHES, "the subscriber to hear every publish", sub.check)
+    await wait_until(
+        lambda: sub.heard == PUBLISHES or sub.check(),
+        "the subscriber to hear every publish",
+        timeout=120,
+    )
     # It reads again: what it was sent, in order and with nothing dropped, then 4008.
     blocker.transport.resume_reading()
     seqs: list[int] = []

@@ -13,7 +13,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -29,6 +29,7 @@ from gateway.models import Message, Queue
 from gateway.store import SQLITE, Ack, AckResult, Enqueue, Lease, Nack, Stats, Store
 from tests.support.clients import Socket, ahttp, unique
 from tests.support.gateways import GatewayProcess
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -234,14 +235,6 @@ async def queue_stats(gateway: GatewayProcess, token: str, queue: str) -> dict[s
     return dict(stats)
 
 
-async def until(check: Callable[[], Awaitable[bool]], what: str, limit: float = 120) -> None:
-    """Wait until ``check()`` holds; fail (not a timing assertion: a hang guard) at ``limit``."""
-    deadline = time.monotonic() + limit
-    while not await check():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        await asyncio.sleep(0.05)
-
-
 async def test_requeued_poison_message_reaches_a_worker(
     gateway: GatewayProcess, admin_token: str, staff: StaffSession
 ) -> None:
@@ -257,7 +250,7 @@ async def test_requeued_poison_message_reaches_a_worker(
         async def dead() -> bool:
             return (await queue_stats(gateway, admin_token, queue))["dead"] == 1
 
-        await until(dead, "the nacked message dead-lettered at its next lease")
+        await wait_until(dead, "the nacked message dead-lettered at its next lease", timeout=120)
 
         # The operator requeues it from the admin: it reaches the worker, counted afresh.
         page = await asyncio.to_thread(staff.action, "message", "requeue_messages", [first["id"]])
@@ -331,7 +324,7 @@ async def test_requeue_and_purge_from_the_admin_while_workers_lease(
             workers_ok()
             return sum(acks.values()) >= 30
 
-        await until(some_acked, "the workers acking")
+        await wait_until(some_acked, "the workers acking", timeout=120)
         # The operator requeues the held messages and a few the busy workers
         # hold at this moment (they may ack them first: then there is nothing
         # to requeue), while the workers keep leasing.
@@ -361,7 +354,7 @@ async def test_requeue_and_purge_from_the_admin_while_workers_lease(
             empty = not any(stats[k] for k in ("visible", "delayed", "in_flight", "dead"))
             return empty and not holding  # and every ack's reply is in
 
-        await until(drained, "every message acked or purged")
+        await wait_until(drained, "every message acked or purged", timeout=120)
     finally:
         for task in tasks:
             task.cancel()

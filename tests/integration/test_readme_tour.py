@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import re
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ from tests.integration.doc_shell import Shell, sh_commands
 from tests.support.clients import http
 from tests.support.databases import ROOT, manage, sqlite_database
 from tests.support.gateways import GatewayProcess
+from tests.support.waiting import wait_until_blocking
 
 README = ROOT / "README.md"
 
@@ -36,16 +35,6 @@ def bootstrap_export(output: str) -> str:
     lines = [line.strip() for line in output.splitlines() if line.strip().startswith("export ")]
     assert len(lines) == 1, output
     return lines[0]
-
-
-def wait_until(condition: Callable[[], Any], what: str, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def queue(gateway: GatewayProcess, token: str) -> dict[str, Any]:
@@ -65,7 +54,7 @@ def run_tour(gateway: GatewayProcess, shell: Shell, admin: str, round_: int) -> 
     for command in commands:
         if command.startswith(".venv/bin/leasecast stats"):
             # The worker acked the message: what step 5 says the stats show.
-            wait_until(
+            wait_until_blocking(
                 lambda: (
                     queue(gateway, admin).get("visible") == 0
                     and queue(gateway, admin).get("in_flight") == 0
@@ -75,11 +64,15 @@ def run_tour(gateway: GatewayProcess, shell: Shell, admin: str, round_: int) -> 
         if command == "kill $!":
             kills += 1
             if kills == 2:  # the holding worker has printed its delivery
-                wait_until(lambda: queue(gateway, admin).get("in_flight") == 1, "a held lease")
+                wait_until_blocking(
+                    lambda: queue(gateway, admin).get("in_flight") == 1, "a held lease"
+                )
             if kills == 3:
-                wait_until(lambda: '"EURUSD": 1.09' in shell.text(), "the subscriber's message")
+                wait_until_blocking(
+                    lambda: '"EURUSD": 1.09' in shell.text(), "the subscriber's message"
+                )
         if "publish prices '{\"EURUSD\": 1.09}'" in command:
-            wait_until(lambda: sockets(gateway, admin, "subscriber"), "the subscriber")
+            wait_until_blocking(lambda: sockets(gateway, admin, "subscriber"), "the subscriber")
         output = shell.run(command)
         assert '"error"' not in output, f"{command!r} was refused:\n{output}"
         check(command, output, shell, gateway, admin, round_)
@@ -107,7 +100,7 @@ def check(
     if command.startswith("export LEASECAST_TOKEN"):
         assert shell.run('test -n "$LEASECAST_TOKEN" && echo set').strip() == "set"
     elif command.endswith(".venv/bin/leasecast consume emails.welcome &"):
-        wait_until(lambda: sockets(gateway, admin, "worker"), "the worker")
+        wait_until_blocking(lambda: sockets(gateway, admin, "worker"), "the worker")
     elif command.startswith("curl -s -X POST") and command.count("/messages") == 1:
         [result] = objects(output, "results")[0]["results"]
         # The first run enqueues; the second, within the dedup window, is a duplicate.

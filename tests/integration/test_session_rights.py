@@ -22,6 +22,9 @@ from tests.support.clients import Socket, unique
 from tests.support.databases import sqlite_database
 from tests.support.gateways import GatewayProcess
 
+#: Alone, after the parallel run: the protocol's bound is checked on a quiet machine.
+pytestmark = pytest.mark.serial
+
 #: The protocol's bound on closing a socket whose session lost its rights.
 BOUND = 5.0
 #: Slack for the scheduling of this test's own processes (a busy 2-core machine).

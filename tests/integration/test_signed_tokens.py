@@ -38,16 +38,16 @@ from gateway.access.tokens import signed_token
 from tests.support.clients import Socket, ahttp, http, unique
 from tests.support.databases import ROOT, sqlite_database
 from tests.support.gateways import GatewayProcess
+from tests.support.tokens import TEST_SIGNING_KEY, encode, mint
 
-KEY = "integration-signing-key-" + "9f8e7d6c5b4a3210" * 3
+#: Alone, after the parallel run: the revocation bound is checked on a quiet machine.
+pytestmark = pytest.mark.serial
+
+KEY = TEST_SIGNING_KEY
 #: The protocol's bound on closing a revoked token's sockets and refusing its requests.
 REVOCATION_BOUND = 5.0
 #: Slack for the scheduling of this test's own processes (a busy 2-core machine).
 SLACK = 1.0
-
-
-def mint(sub: str, scopes: list[str], ttl: float = 60, key: str = KEY) -> str:
-    return signed_token(sub, scopes, ttl, key=key)
 
 
 def _b64(data: bytes) -> str:
@@ -155,18 +155,18 @@ def _bad_tokens() -> dict[str, str]:
     good_claims = {"sub": "7", "exp": now + 600, "scopes": ["admin"]}
     head = _b64(json.dumps({"alg": "none", "typ": "JWT"}).encode())
     return {
-        "expired": jwt.encode({**good_claims, "exp": now - 1}, KEY, algorithm="HS256"),
+        "expired": encode({**good_claims, "exp": now - 1}),
         "malformed": "eyJhbGciOiJIUzI1NiJ9.bm90IGpzb24.c2ln",
         "wrong-key": mint("7", ["admin"], key="some-other-key-" + "0" * 40),
         "alg-none": f"{head}.{_b64(json.dumps(good_claims).encode())}.",
-        "missing-exp": jwt.encode({"sub": "7", "scopes": ["admin"]}, KEY, algorithm="HS256"),
-        "missing-sub": jwt.encode({"exp": now + 600, "scopes": ["admin"]}, KEY, algorithm="HS256"),
-        "bad-scopes": jwt.encode({**good_claims, "scopes": "admin"}, KEY, algorithm="HS256"),
+        "missing-exp": encode({"sub": "7", "scopes": ["admin"]}),
+        "missing-sub": encode({"exp": now + 600, "scopes": ["admin"]}),
+        "bad-scopes": encode({**good_claims, "scopes": "admin"}),
         # exp that never comes (issue 22.12): NaN compared false with every time.
-        "exp-nan": jwt.encode({**good_claims, "exp": float("nan")}, KEY, algorithm="HS256"),
-        "exp-infinity": jwt.encode({**good_claims, "exp": float("inf")}, KEY, algorithm="HS256"),
-        "exp-1e308": jwt.encode({**good_claims, "exp": 1e308}, KEY, algorithm="HS256"),
-        "over-max-ttl": jwt.encode({**good_claims, "exp": now + 2 * 86400}, KEY, algorithm="HS256"),
+        "exp-nan": encode({**good_claims, "exp": float("nan")}),
+        "exp-infinity": encode({**good_claims, "exp": float("inf")}),
+        "exp-1e308": encode({**good_claims, "exp": 1e308}),
+        "over-max-ttl": encode({**good_claims, "exp": now + 2 * 86400}),
     }
 
 
@@ -288,7 +288,7 @@ async def test_refresh_with_another_sub_or_an_invalid_token_is_forbidden_and_cha
         refusals = [
             mint("8", [f"subscribe:{topic}", "admin"], ttl=600),  # another user
             mint("7", ["admin"], ttl=600, key="not-the-key-" + "1" * 40),  # forged
-            jwt.encode({"sub": "7", "scopes": ["admin"]}, KEY),  # no exp
+            encode({"sub": "7", "scopes": ["admin"]}),  # no exp
             _bad_tokens()["alg-none"],
             "lc_not_a_signed_token",
         ]

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,21 +28,10 @@ import pytest
 from tests.support.clients import http, unique
 from tests.support.databases import ROOT
 from tests.support.gateways import GatewayProcess
+from tests.support.waiting import wait_until_blocking
 
 TASKS = "tests.tasksite.tasks"
 FINISHED = ("SUCCESSFUL", "FAILED")
-
-
-def eventually(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-    """Poll ``check`` until it returns something true; fail naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 class Driver:
@@ -85,7 +74,9 @@ class Driver:
             results = [self.result(i) for i in ids]
             return results if all(r["status"] in FINISHED for r in results) else None
 
-        found: list[dict[str, Any]] = eventually(done, f"results of {ids}", timeout)
+        found: list[dict[str, Any]] = wait_until_blocking(
+            done, f"results of {ids}", timeout=timeout
+        )
         return found
 
     def close(self) -> None:
@@ -121,7 +112,7 @@ class WorkerProcess:
                 raise AssertionError(f"the worker exited:\n{self.log_text()[-3000:]}")
             return text in self.log_text()
 
-        eventually(seen, f"{text!r} in the worker's log", timeout)
+        wait_until_blocking(seen, f"{text!r} in the worker's log", timeout=timeout)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -265,7 +256,9 @@ def test_tasks_run_once_and_their_outcomes_are_recorded(tw: Site, tmp_path: Path
         "add", "add", "async_add", "fail", "fail", "fail", "with_context",
     ]  # fmt: skip
     # The body that is not a task was dead-lettered; nothing else is left.
-    stats = eventually(lambda: (s := tw.queue(q))["dead"] == 1 and s, "the dead-lettered body")
+    stats = wait_until_blocking(
+        lambda: (s := tw.queue(q))["dead"] == 1 and s, "the dead-lettered body"
+    )
     assert (stats["visible"], stats["delayed"], stats["in_flight"]) == (0, 0, 0)
     text = worker.log_text()
     assert "is not a task" in text
@@ -302,7 +295,7 @@ def test_a_message_naming_an_unregistered_task_fails_and_imports_nothing(
     assert (added["status"], added["return_value"]) == ("SUCCESSFUL", 42)  # the registry runs
 
     worker.wait_log(f"task this.nothing [{forged}] FAILED")
-    stats = eventually(
+    stats = wait_until_blocking(
         lambda: (s := tw.queue(q))["visible"] + s["in_flight"] == 0 and s, "every message ended"
     )
     assert stats["dead"] == 0  # failed and acked, not dead-lettered
@@ -358,7 +351,7 @@ def test_a_long_task_keeps_its_lease_and_a_killed_worker_s_task_runs_again(
     mark, release = tmp_path / "marks", tmp_path / "release"
     rid = tw.driver.enqueue("block", q, str(mark), str(release))
     first = tw.worker(q)
-    eventually(lambda: marks(mark), "the task to start")
+    wait_until_blocking(lambda: marks(mark), "the task to start")
     second = tw.worker(q)
     second.wait_log(f"queue {q}: connected")
     # Three visibility timeouts: without extensions the idle second worker
@@ -368,7 +361,7 @@ def test_a_long_task_keeps_its_lease_and_a_killed_worker_s_task_runs_again(
     assert tw.queue(q)["in_flight"] == 1
 
     first.proc.send_signal(signal.SIGKILL)
-    eventually(lambda: len(marks(mark)) == 2, "the task to start again")
+    wait_until_blocking(lambda: len(marks(mark)) == 2, "the task to start again")
     assert marks(mark) == [("start", first.pid), ("start", second.pid)]
     release.touch()
     (result,) = tw.driver.finished(rid)
@@ -382,7 +375,7 @@ def test_sigterm_lets_the_running_task_finish_then_exits_0(tw: Site, tmp_path: P
     running = tw.driver.enqueue("block", q, str(mark), str(release))
     waiting = tw.driver.enqueue("record", q, "waiting", str(mark))
     worker = tw.worker(q, concurrency=1)
-    eventually(lambda: marks(mark), "the task to start")
+    wait_until_blocking(lambda: marks(mark), "the task to start")
     worker.proc.send_signal(signal.SIGTERM)
     worker.wait_log("stopping: no new tasks")
     release.touch()
@@ -393,7 +386,7 @@ def test_sigterm_lets_the_running_task_finish_then_exits_0(tw: Site, tmp_path: P
     # The worker took nothing new; what it held went back to the queue.
     assert [name for name, _ in marks(mark)] == ["start", "end"]
     assert tw.driver.result(waiting)["status"] == "READY"
-    eventually(lambda: tw.queue(q)["visible"] == 1, "the waiting task to be visible again")
+    wait_until_blocking(lambda: tw.queue(q)["visible"] == 1, "the waiting task to be visible again")
 
 
 def test_a_task_still_running_after_the_grace_is_released_and_the_worker_exits(
@@ -403,13 +396,13 @@ def test_a_task_still_running_after_the_grace_is_released_and_the_worker_exits(
     mark, release = tmp_path / "marks", tmp_path / "release"
     rid = tw.driver.enqueue("block", q, str(mark), str(release))
     worker = tw.worker(q, concurrency=1, grace=0.5)
-    eventually(lambda: marks(mark), "the task to start")
+    wait_until_blocking(lambda: marks(mark), "the task to start")
     worker.proc.send_signal(signal.SIGTERM)
     # The task never finishes (nothing creates the release file): the worker
     # must leave anyway, its thread abandoned, and the message be released.
     assert worker.proc.wait(30) == 0, worker.log_text()[-3000:]
     assert "did not finish within the grace" in worker.log_text()
-    eventually(lambda: tw.queue(q)["visible"] == 1, "the message to be released")
+    wait_until_blocking(lambda: tw.queue(q)["visible"] == 1, "the message to be released")
     assert tw.driver.result(rid)["status"] == "READY"
     assert [name for name, _ in marks(mark)] == ["start"]
 
@@ -422,7 +415,7 @@ def test_a_gateway_restart_mid_task_loses_nothing_and_runs_it_once(
     mark, release = tmp_path / "marks", tmp_path / "release"
     rid = tw.driver.enqueue("block", q, str(mark), str(release))
     worker = tw.worker(q, concurrency=2)
-    eventually(lambda: marks(mark), "the task to start")
+    wait_until_blocking(lambda: marks(mark), "the task to start")
     tw.gateway.stop()
     tw.gateway.start()
     # The message comes back to the reconnected worker, which adopts the run

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +22,7 @@ from tests.spark.conftest import drain_ids, sqlite_gateway, visible, write_files
 from tests.support.clients import unique
 from tests.support.databases import ROOT
 from tests.support.gateways import GatewayProcess
+from tests.support.waiting import wait_until_blocking
 
 ROWS = 10_000
 
@@ -76,15 +77,6 @@ class Job:
             raise AssertionError(f"the job did not finish:\n{self.output()[-3000:]}") from None
 
 
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.fixture
 def own_site() -> Iterator[GatewayProcess]:
     """A gateway of the test's own (it gets killed)."""
@@ -100,7 +92,9 @@ def test_driver_killed_mid_stream_and_restarted_gives_exactly_every_row(
     work = Path(tempfile.mkdtemp(prefix="leasecast-job-"))
     write_files(work / "in", 0, ROWS, per_file=250)  # 40 files: 40 batches
     job = Job(site, token, queue, work)
-    wait_until(lambda: visible(site, token, queue) >= 1000, 180, "the first batches")
+    wait_until_blocking(
+        lambda: visible(site, token, queue) >= 1000, "the first batches", timeout=180
+    )
     job.kill()
     at_kill = visible(site, token, queue)
     assert at_kill < ROWS, "the job finished before it could be killed mid-stream"
@@ -119,7 +113,9 @@ def test_gateway_killed_mid_stream_the_job_recovers_with_exactly_every_row(
     work = Path(tempfile.mkdtemp(prefix="leasecast-job-"))
     write_files(work / "in", 0, ROWS, per_file=250)
     job = Job(own_site, token, queue, work, "--restarts", "30")
-    wait_until(lambda: visible(own_site, token, queue) >= 1000, 180, "the first batches")
+    wait_until_blocking(
+        lambda: visible(own_site, token, queue) >= 1000, "the first batches", timeout=180
+    )
     own_site.kill()  # kill -9 while batches are staged and committed
     time.sleep(3)  # the job's batches fail meanwhile
     own_site.start()

@@ -91,6 +91,53 @@ def free_port() -> int:
         return port
 
 
+class _PortTaken(RuntimeError):
+    """The server could not bind its port: something else took it after it was chosen."""
+
+
+def listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` (or a child of it) listens on TCP ``port``.
+
+    True where /proc cannot tell (not Linux): then /healthz alone decides.
+    """
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            return True  # not Linux: trust /healthz alone
+        for row in rows:
+            fields = row.split()
+            # local address "ADDR:PORT" in hex, state 0A = LISTEN, inode in field 9
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    if not inodes:
+        return False
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    return any(_holds(p, wanted) for p in (pid, *_children(pid)))
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # "PID (COMM) STATE PPID ...": COMM may hold spaces, so split after it
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def _holds(pid: int, sockets: set[str]) -> bool:
+    """Whether process ``pid`` has one of ``sockets`` (``socket:[INODE]``) open."""
+    try:
+        return any(os.readlink(fd) in sockets for fd in Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
+
+
 class GatewayProcess:
     """One daphne process serving ``gateway.asgi`` on a free loopback port."""
 
@@ -114,7 +161,25 @@ class GatewayProcess:
         return f"ws://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> None:
-        """Start daphne and wait until ``/healthz`` answers."""
+        """Start the server and wait until ``/healthz`` answers from this process.
+
+        The port was free when it was chosen; in a parallel run another test
+        may take it before the server binds it. Then the server exits saying
+        so, and a first start tries again on another free port (three tries);
+        a restart keeps its port (its clients reconnect to it).
+        """
+        tries = 3 if self.proc is None else 1
+        for attempt in range(tries):
+            try:
+                self._start_once(timeout)
+                return
+            except _PortTaken:
+                if attempt == tries - 1:
+                    raise
+                self.port = free_port()
+                self.log_path = self.var_dir / f"{self.name}-{self.port}.log"
+
+    def _start_once(self, timeout: float) -> None:
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child process owns it
         self.proc = subprocess.Popen(
             self.command(),
@@ -126,13 +191,21 @@ class GatewayProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"gateway exited: {self.log_path.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.http}/healthz", timeout=1) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, OSError):
-                time.sleep(0.1)
+                text = self.log_path.read_text(errors="replace")
+                if "address already in use" in text.lower():
+                    raise _PortTaken(self.port)
+                raise RuntimeError(f"gateway exited: {text[-3000:]}")
+            # Only once this process holds the port: /healthz could be
+            # answered by another test's gateway that took it first.
+            if listens(self.proc.pid, self.port):
+                try:
+                    with urllib.request.urlopen(f"{self.http}/healthz", timeout=1) as response:
+                        if response.status == 200:
+                            return
+                except (urllib.error.URLError, ConnectionError, OSError):
+                    pass
+            time.sleep(0.1)
+        self.stop()
         raise RuntimeError(f"gateway did not become healthy: {self.log_path.read_text()[-3000:]}")
 
     def command(self) -> list[str]:

@@ -7,10 +7,7 @@ event loop with a flush function that records what it was given.
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import time
-from typing import Any
 
 import pytest
 from leasecast.batching import Coalescer, Pending, split_acked_many
@@ -18,14 +15,7 @@ from leasecast.results import Subscribed
 from leasecast.subscriber import ResumePosition, is_gap
 from leasecast.tokens import TokenSource, jwt_expiry, refresh_delay, seconds_left
 
-
-def jwt(claims: dict[str, Any]) -> str:
-    """An unsigned-looking JWT with these claims (the client never checks signatures)."""
-
-    def part(data: dict[str, Any]) -> str:
-        return base64.urlsafe_b64encode(json.dumps(data).encode()).rstrip(b"=").decode()
-
-    return f"{part({'alg': 'HS256', 'typ': 'JWT'})}.{part(claims)}.c2lnbmF0dXJl"
+from tests.support.tokens import unsigned
 
 
 class Recorder:
@@ -116,13 +106,19 @@ def test_acked_many_is_split_into_acked_and_not_acked() -> None:
 
 
 def test_jwt_expiry_is_read_without_a_key() -> None:
-    assert jwt_expiry(jwt({"sub": "ada", "exp": 1_900_000_000})) == 1_900_000_000.0
-    assert jwt_expiry(jwt({"sub": "ada", "exp": 1.5})) == 1.5
+    assert jwt_expiry(unsigned({"sub": "ada", "exp": 1_900_000_000})) == 1_900_000_000.0
+    assert jwt_expiry(unsigned({"sub": "ada", "exp": 1.5})) == 1.5
     # Not JWTs, or no numeric exp: a token that does not expire on its own.
-    for token in ("lc_abcdef", "a.b", "a.!!!.c", jwt({"sub": "ada"}), jwt({"exp": "soon"})):
+    for token in (
+        "lc_abcdef",
+        "a.b",
+        "a.!!!.c",
+        unsigned({"sub": "ada"}),
+        unsigned({"exp": "soon"}),
+    ):
         assert jwt_expiry(token) is None, token
-    assert jwt_expiry(jwt({"exp": True})) is None
-    left = seconds_left(jwt({"exp": 1000}), now=990.0)
+    assert jwt_expiry(unsigned({"exp": True})) is None
+    left = seconds_left(unsigned({"exp": 1000}), now=990.0)
     assert left == 10.0
 
 
@@ -186,6 +182,6 @@ def test_only_an_unrecovered_resume_with_news_is_a_gap() -> None:
 
 
 def test_token_expiry_is_read_from_a_real_clock() -> None:
-    token = jwt({"sub": "ada", "exp": time.time() + 120})
+    token = unsigned({"sub": "ada", "exp": time.time() + 120})
     left = seconds_left(token)
     assert left is not None and 100 < left <= 120

@@ -17,7 +17,7 @@ from leasecast.batching import Pending
 from leasecast.errors import Backpressure, Invalid, StaleReceipt, TokenExpired
 from leasecast.link import BACKPRESSURE_RETRIES
 
-from tests.unit.test_client_batching import jwt
+from tests.support.tokens import unsigned
 from tests.unit.test_client_worker import TOKEN, FakeGateway, take
 
 
@@ -212,7 +212,7 @@ async def test_a_signed_token_is_refreshed_before_it_expires(gateway: FakeGatewa
     async def mint() -> str:
         # A fresh token each time, 2 s of life (so the refresh comes after 1 s),
         # which the fake gateway accepts.
-        token = jwt({"sub": "ada", "exp": time.time() + 2, "n": len(issued)})
+        token = unsigned({"sub": "ada", "exp": time.time() + 2, "n": len(issued)})
         issued.append(token)
         gateway.tokens.add(token)
         return token
@@ -233,7 +233,7 @@ async def test_a_signed_token_is_refreshed_before_it_expires(gateway: FakeGatewa
 
 async def test_a_refused_refresh_stops_refreshing(gateway: FakeGateway) -> None:
     def mint() -> str:
-        token = jwt({"sub": "ada", "exp": time.time() + 1})
+        token = unsigned({"sub": "ada", "exp": time.time() + 1})
         gateway.tokens.add(token)
         return token
 
@@ -250,7 +250,7 @@ async def test_a_refused_refresh_stops_refreshing(gateway: FakeGateway) -> None:
 
 
 async def test_a_static_token_is_never_refreshed(gateway: FakeGateway) -> None:
-    token = jwt({"sub": "ada", "exp": time.time() + 1})
+    token = unsigned({"sub": "ada", "exp": time.time() + 1})
     gateway.tokens.add(token)
     async with Producer(gateway.ws, token=token) as producer:
         await producer.enqueue("q", 1)

@@ -24,6 +24,7 @@ from gateway.access.tokens import (
 )
 from gateway.core.errors import Invalid, Unauthorized
 from gateway.core.scopes import MAX_SCOPES, parse_scopes
+from tests.support.tokens import encode
 
 KEY = "unit-test-signing-key-" + "0123456789abcdef" * 3  # 70 bytes: long enough for HS512
 KEYB = KEY.encode()
@@ -39,10 +40,6 @@ def _raw(header: dict[str, object], claims: dict[str, object], signature: str = 
     head = _b64(json.dumps(header).encode())
     body = _b64(json.dumps(claims).encode())
     return f"{head}.{body}.{signature}"
-
-
-def _signed(claims: dict[str, object], key: str = KEY, alg: str = "HS256") -> str:
-    return jwt.encode(claims, key, algorithm=alg)
 
 
 def _refusal(token: str, key: bytes = KEYB, now: float = NOW) -> str:
@@ -88,7 +85,7 @@ def test_principal_of_a_signed_token_has_its_scopes_subject_and_expiry() -> None
 
 
 def test_scopes_left_out_allow_nothing() -> None:
-    claims = verify_signed_token(_signed({"sub": "a", "exp": int(NOW) + 10}), KEYB, now=NOW)
+    claims = verify_signed_token(encode({"sub": "a", "exp": int(NOW) + 10}, KEY), KEYB, now=NOW)
     assert claims.scopes == ()
     assert not principal_for_claims(claims).allows("subscribe", "x")
 
@@ -132,7 +129,7 @@ def test_wrong_key_is_refused() -> None:
 
 def test_no_key_configured_refuses_every_signed_token() -> None:
     # Never checked against an empty key: anyone could sign with that.
-    token = _signed({"sub": "a", "exp": int(NOW) + 10})
+    token = encode({"sub": "a", "exp": int(NOW) + 10}, KEY)
     detail = _refusal(token, key=b"")
     assert "not accepted" in detail
 
@@ -147,7 +144,7 @@ def test_alg_none_is_refused(alg: str) -> None:
 
 def test_other_algorithms_are_refused_even_with_the_right_key() -> None:
     for alg in ("HS384", "HS512"):
-        token = _signed({"sub": "a", "exp": int(NOW) + 10}, alg=alg)
+        token = encode({"sub": "a", "exp": int(NOW) + 10}, KEY, alg)
         assert "HS256" in _refusal(token)
 
 
@@ -163,21 +160,21 @@ def test_tampered_claims_are_refused() -> None:
 
 
 def test_missing_exp_is_refused() -> None:
-    assert "'exp'" in _refusal(_signed({"sub": "a", "scopes": []}))
+    assert "'exp'" in _refusal(encode({"sub": "a", "scopes": []}, KEY))
 
 
 def test_missing_sub_is_refused() -> None:
-    assert "'sub'" in _refusal(_signed({"exp": int(NOW) + 10, "scopes": []}))
+    assert "'sub'" in _refusal(encode({"exp": int(NOW) + 10, "scopes": []}, KEY))
 
 
 @pytest.mark.parametrize("sub", ["", 42, None, ["a"], "x" * 201])
 def test_sub_of_the_wrong_type_or_length_is_refused(sub: object) -> None:
-    assert _refusal(_signed({"sub": sub, "exp": int(NOW) + 10}))
+    assert _refusal(encode({"sub": sub, "exp": int(NOW) + 10}, KEY))
 
 
 @pytest.mark.parametrize("exp", ["tomorrow", None, True, [1]])
 def test_exp_that_is_not_a_number_is_refused(exp: object) -> None:
-    assert _refusal(_signed({"sub": "a", "exp": exp}))
+    assert _refusal(encode({"sub": "a", "exp": exp}, KEY))
 
 
 @pytest.mark.parametrize(
@@ -196,7 +193,7 @@ def test_exp_that_is_not_a_number_is_refused(exp: object) -> None:
     ],
 )
 def test_scopes_not_a_list_of_valid_scope_strings_are_refused(scopes: object) -> None:
-    detail = _refusal(_signed({"sub": "a", "exp": int(NOW) + 10, "scopes": scopes}))
+    detail = _refusal(encode({"sub": "a", "exp": int(NOW) + 10, "scopes": scopes}, KEY))
     assert "bad claims" in detail
     assert len(detail) < 300  # a huge claim is not echoed back whole
 
@@ -218,14 +215,14 @@ def test_malformed_tokens_are_refused(token: str) -> None:
 
 
 def test_not_yet_valid_token_is_refused() -> None:
-    token = _signed({"sub": "a", "exp": int(time.time()) + 100, "nbf": int(time.time()) + 50})
+    token = encode({"sub": "a", "exp": int(time.time()) + 100, "nbf": int(time.time()) + 50}, KEY)
     assert "not valid yet" in _refusal(token, now=time.time())
 
 
 def test_refusals_never_name_the_key() -> None:
     tokens = [
         signed_token("a", [], 10, key="wrong-key-of-enough-length-0123456789", now=NOW),
-        _signed({"sub": "a"}),
+        encode({"sub": "a"}, KEY),
         _raw({"alg": "none"}, {"sub": "a", "exp": 1}),
         "x.y.z",
     ]
@@ -300,12 +297,12 @@ async def test_revocation_watch_runs_only_while_it_watches_sockets() -> None:
 @pytest.mark.parametrize("exp", [float("nan"), float("inf"), float("-inf"), 1e308, NOW + 10**9])
 def test_exp_that_never_comes_is_refused(exp: float) -> None:
     # NaN compares false with every clock reading, so "now >= exp" never held.
-    detail = _refusal(_signed({"sub": "a", "exp": exp}))
+    detail = _refusal(encode({"sub": "a", "exp": exp}, KEY))
     assert "exp" in detail
 
 
 def test_a_lifetime_over_the_maximum_is_refused() -> None:
-    token = _signed({"sub": "a", "exp": int(NOW) + 3600})
+    token = encode({"sub": "a", "exp": int(NOW) + 3600}, KEY)
     verify_signed_token(token, KEYB, now=NOW, max_ttl=3600)
     with pytest.raises(Unauthorized, match="GATEWAY_SIGNING_MAX_TTL"):
         verify_signed_token(token, KEYB, now=NOW, max_ttl=600)
@@ -313,8 +310,10 @@ def test_a_lifetime_over_the_maximum_is_refused() -> None:
     verify_signed_token(token, KEYB, now=NOW + 3000, max_ttl=600)
     # The default maximum is a day.
     assert DEFAULT_MAX_TTL == 86400
-    verify_signed_token(_signed({"sub": "a", "exp": int(NOW) + 86400}), KEYB, now=NOW)
-    assert "GATEWAY_SIGNING_MAX_TTL" in _refusal(_signed({"sub": "a", "exp": int(NOW) + 86400 * 2}))
+    verify_signed_token(encode({"sub": "a", "exp": int(NOW) + 86400}, KEY), KEYB, now=NOW)
+    assert "GATEWAY_SIGNING_MAX_TTL" in _refusal(
+        encode({"sub": "a", "exp": int(NOW) + 86400 * 2}, KEY)
+    )
 
 
 def test_minting_refuses_a_ttl_over_the_maximum() -> None:
@@ -344,9 +343,9 @@ def test_audience_and_issuer_bind_a_token_when_configured() -> None:
         with pytest.raises(Unauthorized, match=what):
             verify_signed_token(token, KEYB, now=NOW, audience=audience, issuer=issuer)
     # A list of audiences binds it to each of them (RFC 7519).
-    listed = _signed({"sub": "a", "exp": int(NOW) + 10, "aud": ["gw-us", "gw-eu"]})
+    listed = encode({"sub": "a", "exp": int(NOW) + 10, "aud": ["gw-us", "gw-eu"]}, KEY)
     verify_signed_token(listed, KEYB, now=NOW, audience="gw-eu")
     with pytest.raises(Unauthorized, match="aud"):
         verify_signed_token(
-            _signed({"sub": "a", "exp": int(NOW) + 10, "aud": 7}), KEYB, now=NOW, audience="7"
+            encode({"sub": "a", "exp": int(NOW) + 10, "aud": 7}, KEY), KEYB, now=NOW, audience="7"
         )

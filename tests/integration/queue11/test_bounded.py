@@ -17,14 +17,13 @@ from typing import Any
 
 import pytest
 
-from tests.integration.wq11 import (
+from tests.integration.queue11.wq11 import (
     BLOCK_WAIT,
     NARROW,
     Deployment,
     ack,
     browse_all,
     counts,
-    deployment,
     enqueue,
     error_code,
     patch,
@@ -34,22 +33,6 @@ from tests.integration.wq11 import (
 )
 from tests.support.clients import ahttp, unique
 from tests.support.gateways import GatewayProcess
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def v11(request: pytest.FixtureRequest) -> Deployment:
-    """The shared 1.1 gateway of each backend (wq11.deployment)."""
-    return deployment(request.param, request)
-
-
-@pytest.fixture(scope="module")
-def gateway(v11: Deployment) -> GatewayProcess:
-    return v11.gateway
-
-
-@pytest.fixture(scope="module")
-def admin_token(v11: Deployment) -> str:
-    return v11.admin
 
 
 def messages_url(gw: GatewayProcess, q: str) -> str:

@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from tests.integration.wq11 import (
+from tests.integration.queue11.wq11 import (
     BROWSE_FIELDS,
     NARROW,
     Deployment,
@@ -24,10 +24,8 @@ from tests.integration.wq11 import (
     browse,
     browse_all,
     counts,
-    deployment,
     enqueue,
     error_code,
-    eventually,
     first_frame,
     producer,
     stats,
@@ -35,23 +33,7 @@ from tests.integration.wq11 import (
 )
 from tests.support.clients import Socket, ahttp, unique
 from tests.support.gateways import GatewayProcess
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def v11(request: pytest.FixtureRequest) -> Deployment:
-    """The shared 1.1 gateway of each backend (wq11.deployment)."""
-    return deployment(request.param, request)
-
-
-@pytest.fixture(scope="module")
-def gateway(v11: Deployment) -> GatewayProcess:
-    return v11.gateway
-
-
-@pytest.fixture(scope="module")
-def admin_token(v11: Deployment) -> str:
-    return v11.admin
-
+from tests.support.waiting import wait_until
 
 # -- ttl
 
@@ -73,7 +55,7 @@ async def test_message_not_acked_within_ttl_is_dead_expired_and_never_delivered(
     async def expired() -> bool:
         return short["id"] in await dead_ids(gateway, admin_token, q, "expired")
 
-    await eventually(expired, "the ttl=1 message dead with reason 'expired'")
+    await wait_until(expired, "the ttl=1 message dead with reason 'expired'")
     (dead,) = await browse_all(gateway, admin_token, q, "dead")
     assert (dead["body"], dead["state"], dead["deliveries"]) == ("short", "dead", 0)
     assert counts(await stats(gateway, admin_token, q)) == (2, 0, 0, 1)
@@ -100,7 +82,7 @@ async def test_expired_message_of_a_group_lets_the_next_go(
         async def expired() -> bool:
             return m1["id"] in await dead_ids(gateway, admin_token, q, "expired")
 
-        await eventually(expired, "m1 (waiting behind m0) dead with reason 'expired'")
+        await wait_until(expired, "m1 (waiting behind m0) dead with reason 'expired'")
         await ack(w, d0)
         (d2,) = await w.deliveries(1)
         assert (d2["body"], d2["deliveries"]) == ("m2", 1)  # m1 expired: never delivered
@@ -122,7 +104,7 @@ async def test_expiry_ends_the_lease_and_its_receipt_is_stale(
         async def expired() -> bool:
             return m["id"] in await dead_ids(gateway, admin_token, q, "expired")
 
-        await eventually(expired, "the leased message dead with reason 'expired'")
+        await wait_until(expired, "the leased message dead with reason 'expired'")
         for frame in (
             {"op": "extend", "receipt": d["receipt"], "timeout": 30},
             {"op": "nack", "receipt": d["receipt"]},
@@ -665,7 +647,7 @@ async def test_every_enqueue_path_takes_group_priority_and_ttl(
                 return False
         return True
 
-    await eventually(all_expired, "c (ttl 1) dead with reason 'expired' on every path")
+    await wait_until(all_expired, "c (ttl 1) dead with reason 'expired' on every path")
     for path, q in queues.items():
         async with await worker(gateway, admin_token, q, prefetch=5) as w:
             (da,) = await w.deliveries(1)

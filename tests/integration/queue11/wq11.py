@@ -7,19 +7,12 @@ Everything here speaks the wire contract (docs/protocol.md, "Work queue
 from __future__ import annotations
 
 import asyncio
-import tempfile
-import time
-from collections.abc import Awaitable, Callable
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-import pytest
-
 from tests.support.clients import Socket, ahttp
-from tests.support.databases import postgres_database, postgres_unavailable, sqlite_database
 from tests.support.gateways import GatewayProcess
 
 #: The gateway's ``GATEWAY_BLOCK_WAIT`` (seconds) in these tests: short.
@@ -30,7 +23,7 @@ NARROW = "narrow-"
 
 @dataclass
 class Deployment:
-    """One running gateway on a migrated database, with its tokens."""
+    """One running gateway on a migrated database, with its tokens (conftest.py starts it)."""
 
     gateway: GatewayProcess
     env: dict[str, str]
@@ -38,44 +31,6 @@ class Deployment:
     admin: str  #: scope ``admin``
     consumer: str  #: ``consume:narrow-*`` and ``enqueue:narrow-*``
     producer: str  #: ``enqueue:narrow-*`` only
-
-
-_deployments: dict[str, Deployment] = {}
-
-
-def deployment(kind: str, request: pytest.FixtureRequest) -> Deployment:
-    """The gateway on ``kind`` ("sqlite" or "postgres") shared by every 1.1 test module.
-
-    Started on first use and stopped (its database dropped) at the end of the
-    session: one database and one process per backend for all the modules,
-    instead of one per module (their start-up was most of the run time).
-    Tests use queue names of their own (``unique``). Skips when PostgreSQL
-    does not answer.
-    """
-    found = _deployments.get(kind)
-    if found is not None:
-        return found
-    if kind == "postgres":
-        reason = postgres_unavailable()
-        if reason:
-            pytest.skip(reason)
-    stack = ExitStack()
-    request.session.addfinalizer(stack.close)
-    var = Path(tempfile.mkdtemp(prefix=f"leasecast-v11-{kind}-"))
-    env = stack.enter_context(sqlite_database(var) if kind == "sqlite" else postgres_database(var))
-    gw = GatewayProcess({**env, "GATEWAY_BLOCK_WAIT": str(BLOCK_WAIT)}, var, name=f"v11{kind}")
-    stack.callback(gw.stop)
-    gw.start()
-    found = _deployments[kind] = Deployment(
-        gateway=gw,
-        env=gw.env,
-        var=var,
-        admin=gw.issue_token("admin", name="admin"),
-        consumer=gw.issue_token(f"consume:{NARROW}*", f"enqueue:{NARROW}*", name="consumer"),
-        producer=gw.issue_token(f"enqueue:{NARROW}*", name="producer"),
-    )
-    stack.callback(_deployments.pop, kind, None)
-    return found
 
 
 #: Every field of a browsed message (docs/protocol.md, Work queue 1.1: browsing).
@@ -167,16 +122,6 @@ async def browse_all(
         if after is None:
             return got
     raise AssertionError("paging never ended")
-
-
-async def eventually(
-    check: Callable[[], Awaitable[bool]], what: str, timeout: float = 15.0
-) -> None:
-    """Poll ``check`` until it is true; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not await check():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        await asyncio.sleep(0.1)
 
 
 async def first_frame(*sockets: Socket, timeout: float = 10) -> tuple[Socket, dict[str, Any]]:

@@ -17,13 +17,11 @@ from typing import Any
 
 import pytest
 
-from tests.integration.wq11 import (
+from tests.integration.queue11.wq11 import (
     Deployment,
     ack,
     counts,
-    deployment,
     enqueue,
-    eventually,
     patch,
     producer,
     stats,
@@ -31,12 +29,13 @@ from tests.integration.wq11 import (
 )
 from tests.support.clients import Socket, unique
 from tests.support.gateways import GatewayProcess
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
-def v11(request: pytest.FixtureRequest) -> Deployment:
-    """The shared 1.1 gateway on PostgreSQL (wq11.deployment): process A."""
-    return deployment("postgres", request)
+def v11(v11_postgres: Deployment) -> Deployment:
+    """The package's gateway on PostgreSQL (conftest.py): process A."""
+    return v11_postgres
 
 
 @pytest.fixture(scope="module")
@@ -173,5 +172,5 @@ async def test_new_queue_settings_reach_the_other_process(
                 refused.append(reply)
             return bool(refused)
 
-        await eventually(b_refuses, "B refusing an enqueue into the full queue", timeout=15)
+        await wait_until(b_refuses, "B refusing an enqueue into the full queue", timeout=15)
         assert refused[0]["code"] == "backpressure", refused

@@ -12,14 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
-from tests.integration.wq11 import (
-    Deployment,
+from tests.integration.queue11.wq11 import (
     ack,
     browse_all,
     counts,
-    deployment,
     enqueue,
     first_frame,
     patch,
@@ -29,22 +25,6 @@ from tests.integration.wq11 import (
 )
 from tests.support.clients import ahttp, unique
 from tests.support.gateways import GatewayProcess
-
-
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def v11(request: pytest.FixtureRequest) -> Deployment:
-    """The shared 1.1 gateway of each backend (wq11.deployment)."""
-    return deployment(request.param, request)
-
-
-@pytest.fixture(scope="module")
-def gateway(v11: Deployment) -> GatewayProcess:
-    return v11.gateway
-
-
-@pytest.fixture(scope="module")
-def admin_token(v11: Deployment) -> str:
-    return v11.admin
 
 
 async def test_one_in_flight_per_group_in_enqueue_order(

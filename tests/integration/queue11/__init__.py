@@ -1,0 +1,1 @@
+"""Work queue 1.1 against real gateways: groups, priority, ttl, bounded queues, browsing."""
