@@ -17,15 +17,7 @@ from gateway.core.history import (
     plan_latest,
     plan_resume,
 )
-
-
-class Clock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
+from tests.support.fakes import FakeClock
 
 KEEP_5 = TopicSettings(history_size=5, history_ttl=60.0)
 
@@ -152,7 +144,7 @@ def test_cache_mode_gets_the_latest_kept_message() -> None:
 
 
 def test_history_keeps_the_last_size_entries_and_reads_after_an_offset() -> None:
-    clock = Clock()
+    clock = FakeClock()
     history = History(clock)
     history.append([entry(i) for i in range(1, 9)], KEEP_5)
     assert len(history) == 5
@@ -163,7 +155,7 @@ def test_history_keeps_the_last_size_entries_and_reads_after_an_offset() -> None
 
 
 def test_history_forgets_by_age() -> None:
-    clock = Clock()
+    clock = FakeClock()
     history = History(clock)
     history.append([entry(1, at=1000.0), entry(2, at=1030.0)], KEEP_5)
     clock.now = 1061.0
@@ -173,7 +165,7 @@ def test_history_forgets_by_age() -> None:
 
 
 def test_history_of_size_zero_keeps_nothing() -> None:
-    history = History(Clock())
+    history = History(FakeClock())
     history.append([entry(1)], KEEP_5)
     history.append([entry(2)], DEFAULT_TOPIC_SETTINGS)
     assert len(history) == 0

@@ -6,18 +6,11 @@ import pytest
 
 from gateway.access import login_throttle
 from gateway.access.login_throttle import LoginThrottle
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.fakes import FakeClock
 
 
 def test_a_pair_is_refused_after_its_failures_until_the_lockout_passes() -> None:
-    clock = Clock()
+    clock = FakeClock()
     limits = LoginThrottle(3, 60.0, clock)
     pair = ("ops", "10.0.0.1")
     for _ in range(3):
@@ -34,13 +27,13 @@ def test_a_pair_is_refused_after_its_failures_until_the_lockout_passes() -> None
 
 
 def test_a_success_clears_the_count_and_zero_turns_it_off() -> None:
-    limits = LoginThrottle(2, 60.0, Clock())
+    limits = LoginThrottle(2, 60.0, FakeClock())
     pair = ("ops", "10.0.0.1")
     limits.failed(pair)
     limits.succeeded(pair)
     limits.failed(pair)
     assert not limits.refused(pair)
-    off = LoginThrottle(0, 60.0, Clock())
+    off = LoginThrottle(0, 60.0, FakeClock())
     for _ in range(10):
         off.failed(pair)
     assert not off.refused(pair)
@@ -48,7 +41,7 @@ def test_a_success_clears_the_count_and_zero_turns_it_off() -> None:
 
 def test_the_table_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(login_throttle, "MAX_PAIRS", 3)
-    limits = LoginThrottle(1, 60.0, Clock())
+    limits = LoginThrottle(1, 60.0, FakeClock())
     for n in range(5):
         limits.failed((f"user{n}", "a"))
     assert not limits.refused(("user0", "a"))  # forgotten first

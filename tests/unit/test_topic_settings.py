@@ -6,18 +6,11 @@ import asyncio
 
 from gateway.core.history import DEFAULT_TOPIC_SETTINGS, TopicSettings
 from gateway.topics.settings import TopicSettingsCache
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.fakes import FakeClock
 
 
 async def test_many_new_topics_cost_one_read_per_ttl() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     reads = []
     stored = {"kept": TopicSettings(10, 60.0)}
 
@@ -39,7 +32,7 @@ async def test_many_new_topics_cost_one_read_per_ttl() -> None:
 
 
 async def test_a_change_made_here_applies_at_once() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     cache = TopicSettingsCache(2.0, load=dict, clock=clock)
     await cache.get("t")
     cache.put("t", TopicSettings(5, 30.0))
