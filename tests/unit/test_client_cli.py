@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 from leasecast.cli import build_parser, main
 
-from tests.unit.test_client_subscriber import TopicGateway
-from tests.unit.test_client_worker import TOKEN, FakeGateway
+from tests.support.fake_gateway import TOKEN, FakeGateway, TopicGateway
 
 
 @pytest.fixture

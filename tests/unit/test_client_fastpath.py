@@ -17,8 +17,8 @@ from leasecast.batching import Pending
 from leasecast.errors import Backpressure, Invalid, StaleReceipt, TokenExpired
 from leasecast.link import BACKPRESSURE_RETRIES
 
+from tests.support.fake_gateway import TOKEN, FakeGateway, take
 from tests.support.tokens import unsigned
-from tests.unit.test_client_worker import TOKEN, FakeGateway, take
 
 
 @pytest.fixture

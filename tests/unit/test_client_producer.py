@@ -9,7 +9,7 @@ from leasecast import EnqueueResult, Producer, PublishResult
 from leasecast.producer import CHUNK
 
 from gateway.core.errors import BadFrame, ConnectionClosed, Forbidden, Invalid, Unauthorized
-from tests.unit.test_client_worker import TOKEN, FakeGateway
+from tests.support.fake_gateway import TOKEN, FakeGateway
 
 
 @pytest.fixture

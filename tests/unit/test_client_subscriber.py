@@ -1,7 +1,7 @@
 """The Subscriber's reconnecting, against a real WebSocket server with topic sockets.
 
-:class:`TopicGateway` extends the worker tests' :class:`FakeGateway` (a real
-``websockets`` server on 127.0.0.1) with ``/ws/topics/TOPIC/``: a credit
+:class:`tests.support.fake_gateway.TopicGateway` extends its :class:`FakeGateway`
+(a real ``websockets`` server on 127.0.0.1) with ``/ws/topics/TOPIC/``: a credit
 window per socket and ``messages`` frames, as docs/protocol.md describes them, plus
 switches to close sockets with a given code, and (``history=N``) protocol
 1.1 topic history: offsets, an epoch, ``recover=latest`` and
@@ -12,167 +12,13 @@ switches to close sockets with a given code, and (``history=N``) protocol
 from __future__ import annotations
 
 import asyncio
-import json
-from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from collections.abc import AsyncIterator
 
 import pytest
 from leasecast import Message, Subscribed, Subscriber
-from websockets.asyncio.server import ServerConnection
-from websockets.exceptions import ConnectionClosed as WsConnectionClosed
 
 from gateway.core.errors import ConnectionClosed, Forbidden, Unauthorized
-from tests.unit.test_client_worker import TOKEN, FakeGateway
-
-
-@dataclass
-class TopicSocket:
-    """One subscriber socket of the fake gateway."""
-
-    conn: ServerConnection
-    topic: str
-    credit: int
-    seq: int = 0
-    pending: list[tuple[int, Any, int | None]] = field(default_factory=list)
-    granted: list[int] = field(default_factory=list)  # the n of each credit frame
-
-
-class TopicGateway(FakeGateway):
-    """:class:`FakeGateway` with broadcast topics."""
-
-    def __init__(self, history: int = 0) -> None:
-        super().__init__()
-        self.topics: dict[str, list[TopicSocket]] = defaultdict(list)
-        #: every topic socket ever accepted, in order
-        self.history: list[TopicSocket] = []
-        #: messages kept per topic (0: a gateway without topic history)
-        self.keep = history
-        self.epoch = "e1"
-        self.offsets: dict[str, int] = defaultdict(int)
-        self.logs: dict[str, list[tuple[int, Any]]] = defaultdict(list)
-
-    def reset_history(self, epoch: str) -> None:
-        """Lose every topic's history: offsets restart under a new epoch."""
-        self.epoch = epoch
-        self.offsets.clear()
-        self.logs.clear()
-
-    async def _handle(self, conn: ServerConnection) -> None:
-        assert conn.request is not None
-        parts = urlsplit(conn.request.path)
-        segments = [unquote(s) for s in parts.path.strip("/").split("/")]
-        if segments[:2] != ["ws", "topics"] or len(segments) != 3:
-            await super()._handle(conn)
-            return
-        self.paths.append(conn.request.path)
-        query = {k: v[0] for k, v in parse_qs(parts.query).items()}
-        topic = segments[2]
-        if topic in self.forbidden:
-            await self._send(conn, {"op": "error", "code": "forbidden", "detail": f"no {topic}"})
-            await conn.close(4403)
-            return
-        sub = TopicSocket(conn, topic, credit=int(query.get("credit", "256")))
-        self.sockets.add(conn)
-        self.topics[topic].append(sub)
-        self.history.append(sub)
-        if self.keep and "since" in query:
-            await self._resume(sub, int(query["since"]), query.get("epoch", ""))
-        elif self.keep and query.get("recover") == "latest":
-            await self._latest(sub)
-        try:
-            async for text in conn:
-                frame = json.loads(text)
-                self.received.append(frame)
-                if frame.get("op") == "credit":
-                    sub.granted.append(frame["n"])
-                    sub.credit += frame["n"]
-                    await self._flush(sub, 0)
-        except WsConnectionClosed:
-            pass
-        finally:
-            self.sockets.discard(conn)
-            self.topics[topic].remove(sub)
-
-    async def _latest(self, sub: TopicSocket) -> None:
-        log = self.logs[sub.topic]
-        frame = {"op": "subscribed", "topic": sub.topic, "epoch": self.epoch}
-        frame |= {"offset": self.offsets[sub.topic], "recovered": bool(log)}
-        await self._send(sub.conn, frame)
-        if log:
-            sub.seq += 1
-            sub.pending.append((sub.seq, log[-1][1], log[-1][0]))
-            await self._flush(sub, 0)
-
-    async def _resume(self, sub: TopicSocket, since: int, epoch: str) -> None:
-        log = self.logs[sub.topic]
-        oldest = log[0][0] if log else self.offsets[sub.topic] + 1
-        recovered = epoch == self.epoch and oldest - 1 <= since <= self.offsets[sub.topic]
-        frame = {"op": "subscribed", "topic": sub.topic, "epoch": self.epoch}
-        frame |= {"offset": self.offsets[sub.topic], "recovered": recovered}
-        await self._send(sub.conn, frame)
-        if recovered:
-            for offset, body in log:
-                if offset > since:
-                    sub.seq += 1
-                    sub.pending.append((sub.seq, body, offset))
-            await self._flush(sub, 0)
-
-    async def publish(self, topic: str, *bodies: Any, dropped: int = 0) -> None:
-        """Offer ``bodies`` to every socket of ``topic``, reporting ``dropped`` losses first."""
-        offsets: list[int | None] = []
-        for body in bodies:
-            if self.keep:
-                self.offsets[topic] += 1
-                self.logs[topic] = [*self.logs[topic], (self.offsets[topic], body)][-self.keep :]
-                offsets.append(self.offsets[topic])
-            else:
-                offsets.append(None)
-        for sub in list(self.topics[topic]):
-            sub.seq += dropped
-            for body, offset in zip(bodies, offsets, strict=True):
-                sub.seq += 1
-                sub.pending.append((sub.seq, body, offset))
-            await self._flush(sub, dropped)
-
-    async def _flush(self, sub: TopicSocket, dropped: int) -> None:
-        n = min(sub.credit, len(sub.pending))
-        items, sub.pending = sub.pending[:n], sub.pending[n:]
-        sub.credit -= n
-        if items or dropped:
-            frame = {
-                "op": "messages",
-                "topic": sub.topic,
-                "items": [
-                    {"seq": seq, "body": body} | ({} if offset is None else {"offset": offset})
-                    for seq, body, offset in items
-                ],
-                "dropped": dropped,
-            }
-            await self._send(sub.conn, frame)
-
-    async def close_topic_sockets(self, code: int, error: str | None = None) -> None:
-        """Close every topic socket with ``code``, stating ``error`` first if given."""
-        for sub in [s for subs in self.topics.values() for s in subs]:
-            if error is not None:
-                await self._send(sub.conn, {"op": "error", "code": error, "detail": "no more"})
-            await sub.conn.close(code)
-
-    async def until(self, condition: Callable[[], bool], what: str, timeout: float = 10) -> None:
-        """Wait until ``condition()`` holds (the gateway's own view), or fail."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while not condition():
-            assert asyncio.get_running_loop().time() < deadline, f"never: {what}"
-            await asyncio.sleep(0.005)
-
-    async def subscribed(self, topic: str, handshakes: int) -> None:
-        """Wait until ``topic`` has one socket, accepted as handshake number ``handshakes``."""
-        await self.until(
-            lambda: len(self.topics[topic]) == 1 and len(self.history) == handshakes,
-            f"socket {handshakes} on {topic}",
-        )
+from tests.support.fake_gateway import TOKEN, TopicGateway
 
 
 @pytest.fixture
