@@ -32,7 +32,7 @@ from gateway.store import (
     Store,
 )
 from tests.support.fakes import FakeClock
-from tests.unit.test_store import msg, one
+from tests.support.store import msg, one
 
 # -- the store's counters -------------------------------------------------------------
 

@@ -17,8 +17,6 @@ from gateway.store import (
     AckResult,
     Enqueue,
     Extend,
-    Lease,
-    LeaseResult,
     Nack,
     Purge,
     Redrive,
@@ -28,39 +26,7 @@ from gateway.store import (
     Store,
 )
 from tests.support.fakes import FakeClock
-
-
-def msg(
-    body: object = 1,
-    key: str | None = None,
-    delay: float = 0.0,
-    *,
-    group: str | None = None,
-    priority: int = 0,
-    ttl: float | None = None,
-) -> EnqueueSpec:
-    import orjson
-
-    return EnqueueSpec(orjson.dumps(body), key, delay, group, priority, ttl)
-
-
-def one(store: Store, op: Any) -> Any:
-    (result,) = store.run([op])
-    return result
-
-
-def enqueue(store: Store, queue: str, *bodies: object) -> list[str]:
-    return [r.id for r in one(store, Enqueue(queue, [msg(b) for b in bodies]))]
-
-
-def lease(store: Store, queue: str, n: int = 10, timeout: float | None = None) -> LeaseResult:
-    result = one(store, Lease(queue, n, timeout))
-    assert isinstance(result, LeaseResult)
-    return result
-
-
-def bodies(result: LeaseResult) -> list[str]:
-    return [d.body for d in result.delivered]
+from tests.support.store import bodies, enqueue, lease, msg, one
 
 
 def test_lease_in_enqueue_order_up_to_n(store: Store, queue: str) -> None:

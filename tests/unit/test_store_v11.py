@@ -33,7 +33,7 @@ from gateway.store import (
     Store,
 )
 from tests.support.fakes import FakeClock
-from tests.unit.test_store import lease, msg, one
+from tests.support.store import lease, msg, one
 
 
 def put(store: Store, queue: str, *specs: EnqueueSpec) -> list[str]:
