@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.clients import Socket, ahttp, unique
+from tests.support.clients import Socket, ahttp, collect, unique
 from tests.support.databases import sqlite_database
 from tests.support.gateways import GatewayProcess
 
@@ -37,18 +37,6 @@ def token(hub: GatewayProcess) -> str:
 async def subscriber(hub: GatewayProcess, token: str, topic: str, **params: object) -> Socket:
     query = "&".join(f"{k}={v}" for k, v in params.items())
     return await Socket.open(f"{hub.ws}/ws/topics/{topic}/?{query}", token)
-
-
-async def collect(s: Socket, n: int, timeout: float = 10) -> tuple[list[dict[str, Any]], int]:
-    """The next ``n`` items from ``messages`` frames, and the drops reported with them."""
-    items: list[dict[str, Any]] = []
-    dropped = 0
-    while len(items) < n:
-        frame = await s.next(timeout)
-        assert frame["op"] == "messages", frame
-        items += frame["items"]
-        dropped += frame["dropped"]
-    return items, dropped
 
 
 async def publish_all(hub: GatewayProcess, token: str, topic: str, bodies: list[Any]) -> None:

@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_fanout import collect
-from tests.support.clients import Socket, ahttp, unique
+from tests.support.clients import Socket, ahttp, collect, unique
 from tests.support.gateways import GatewayProcess, gateways_on_redis
 
 BLOCK = "block"

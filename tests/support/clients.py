@@ -17,7 +17,7 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 
-__all__ = ["Socket", "ahttp", "http", "unique"]
+__all__ = ["Socket", "ahttp", "collect", "http", "unique"]
 
 _refs = itertools.count(1)
 _names = itertools.count()
@@ -142,3 +142,15 @@ class Socket:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+async def collect(s: Socket, n: int, timeout: float = 10) -> tuple[list[dict[str, Any]], int]:
+    """The next ``n`` items of a subscriber's ``messages`` frames, and the drops they report."""
+    items: list[dict[str, Any]] = []
+    dropped = 0
+    while len(items) < n:
+        frame = await s.next(timeout)
+        assert frame["op"] == "messages", frame
+        items += frame["items"]
+        dropped += frame["dropped"]
+    return items, dropped
