@@ -1,9 +1,10 @@
-"""What every Leasecast socket shares: auth, frame decoding, replies, and an outbox.
+"""What every Leasecast socket shares: auth, frame decoding, rate charging, replies.
 
 Replies are produced by store callbacks, outside any coroutine of the socket,
-so they go into an outbox drained by one writer task per socket, in order. A
-frame handler never waits for the store: a worker that pipelines a hundred
-acks gets them into one group commit instead of a hundred round trips.
+so they go into the socket's :class:`~consumers.outbox.Outbox`, sent by one
+writer task in order. A frame handler never waits for the store: a worker
+that pipelines a hundred acks gets them into one group commit instead of a
+hundred round trips.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any, cast
 from urllib.parse import parse_qs
 
@@ -21,6 +22,7 @@ from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from consumers.limits import RateLimited, frame_cost, limit_key, too_many_sockets
+from consumers.outbox import Outbox
 from gateway.access.auth import PRINCIPAL_KEY, SessionGrant, principal_for_signed
 from gateway.conf import GatewaySettings, gateway_settings
 from gateway.core.errors import Forbidden, Invalid, ProtocolError, Unavailable
@@ -36,6 +38,7 @@ from gateway.core.protocol import (
     parse_refresh,
     read_ref,
 )
+from gateway.core.ratelimit import TokenLimiter
 from gateway.core.scopes import Action, Principal
 from gateway.core.wire import (
     CloseCode,
@@ -47,8 +50,8 @@ from gateway.core.wire import (
     encode_refreshed,
 )
 from gateway.engine import Engine
-from gateway.runtime import current_runtime
-from gateway.server.transport import SocketWindow, transport_flow
+from gateway.runtime import Runtime, current_runtime
+from gateway.server.transport import transport_flow
 from gateway.store import Enqueue, EnqueueResult, Result
 from gateway.topics.broadcast import Published
 
@@ -72,9 +75,37 @@ class GatewaySocket(AsyncWebsocketConsumer):
     kind = "socket"
     ops: frozenset[str] = frozenset()
 
-    principal: Principal
-    engine: Engine
+    # -- set by connect(), from the caller and the process's runtime
     conf: GatewaySettings
+    principal: Principal
+    runtime: Runtime
+    engine: Engine
+    limiter: TokenLimiter
+    #: what the token's rate and socket limits are counted under
+    limit_key: Hashable
+    sid: int
+    connected_at: float
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: accepted and not gone yet: frames are taken and sent
+        self._open = False
+        #: in open(): require() records what the URL is checked for
+        self._opening = True
+        #: counted in the token's socket limit (given back when it closes)
+        self._slot_held = False
+        #: the token's rate applies to every frame
+        self._rated = False
+        self._outbox = Outbox(close=self.close, writable_changed=self.writable_changed)
+        # What the socket's URL was checked for while opening (require() during
+        # open()): a refreshed token must still allow all of it.
+        self._url_checks: set[tuple[Action, str]] = set()
+        #: the principal's verdicts, remembered (checked on every frame)
+        self._verdicts: dict[tuple[str, str], bool] = {}
+        # -- token lifetime: a signed token's exp, a stored token, a session
+        self._expiry: asyncio.TimerHandle | None = None
+        self._watched_token: int | None = None
+        self._watched_session: SessionGrant | None = None
 
     # -- lifecycle
 
@@ -113,22 +144,6 @@ class GatewaySocket(AsyncWebsocketConsumer):
     async def connect(self) -> None:
         self.conf = gateway_settings()
         self._limits = self.conf.limits
-        self._outbox: list[str] = []
-        self._outbox_ready = asyncio.Event()
-        # Frames pending and the transport's room: the socket's writability
-        # (gateway.server.transport, design decision 14), told to writable_changed().
-        self._window = SocketWindow(self.writable_changed)
-        self._writer: asyncio.Task[None] | None = None
-        self._close_code: int | None = None
-        self._open = False
-        self._slot_held = False
-        self._expiry: asyncio.TimerHandle | None = None
-        self._watched_token: int | None = None
-        self._watched_session: SessionGrant | None = None
-        # What the socket's URL was checked for while opening (require() during
-        # open()): a refreshed token must still allow all of it.
-        self._url_checks: set[tuple[Action, str]] = set()
-        self._opening = True
         principal = self.scope.get(PRINCIPAL_KEY)
         if principal is None:
             await self.close()  # before accept: the handshake is refused with 403
@@ -140,7 +155,6 @@ class GatewaySocket(AsyncWebsocketConsumer):
         self._rated = self.limiter.limits.limits_rate
         self.sid = next(_socket_ids)
         self.connected_at = time.time()
-        self._verdicts: dict[tuple[str, str], bool] = {}
         self.engine = self.runtime.engine
         try:
             await self.open(self.query())
@@ -167,10 +181,11 @@ class GatewaySocket(AsyncWebsocketConsumer):
         self._slot_held = True
         await self.accept()
         self._open = True
-        self._writer = asyncio.create_task(self._write_loop())
+        # The server's send: Channels' send() adds two calls a frame.
+        self._outbox.start(self.base_send)
         flow = transport_flow(self.scope)  # daphne: its transport's pause/resume
         if flow is not None:
-            flow.listen(self._window.transport_changed)
+            flow.listen(self._outbox.window.transport_changed)
         self.engine.sockets.add(self)
         self.runtime.metrics.registry.socket_opened(self.kind)
         self._watch_token()
@@ -186,8 +201,7 @@ class GatewaySocket(AsyncWebsocketConsumer):
             self.engine.sockets.discard(self)
             self.runtime.metrics.registry.socket_closed(self.kind)
             self.closed()
-        if self._writer is not None:
-            self._writer.cancel()
+        self._outbox.stop()
 
     def query(self) -> dict[str, str]:
         """The socket URL's query parameters (last value wins)."""
@@ -273,9 +287,7 @@ class GatewaySocket(AsyncWebsocketConsumer):
     def push(self, frame: str) -> None:
         """Queue a frame for sending, after everything queued before it."""
         if self._open:
-            self._outbox.append(frame)
-            self._window.queued()
-            self._outbox_ready.set()
+            self._outbox.push(frame)
 
     def writable_changed(self, writable: bool) -> None:
         """The socket started (``writable``) or stopped taking frames: a few are
@@ -308,33 +320,10 @@ class GatewaySocket(AsyncWebsocketConsumer):
 
     def push_close(self, code: int) -> None:
         """Close the socket with ``code`` once the frames already queued are sent."""
-        if self._open and self._close_code is None:
+        if self._open:
             # A plain int: daphne's WebSocket library refuses a subclass such
             # as CloseCode and drops the connection (1006) instead of closing.
-            self._close_code = int(code)
-            self._outbox_ready.set()
-
-    async def _write_loop(self) -> None:
-        while True:
-            await self._outbox_ready.wait()
-            self._outbox_ready.clear()
-            frames, self._outbox = self._outbox, []
-            window = self._window
-            send = self.base_send  # the server's send: Channels' send() adds two calls a frame
-            for frame in frames:
-                if window.transport_paused:
-                    # daphne's write buffer is full: the rest wait here, counted
-                    # by the window, rather than in Twisted's buffer, uncounted.
-                    await window.transport_ready.wait()
-                await send({"type": "websocket.send", "text": frame})
-                window.sent()
-            if self._close_code is not None:
-                # The close frame too: sent into a full buffer, daphne's close
-                # handshake timer would run while the client still has frames
-                # to read before it, and drop the connection (1006, not the code).
-                await window.transport_ready.wait()
-                await self.close(code=self._close_code)
-                return
+            self._outbox.close_after(int(code))
 
     # -- shared operations
 
