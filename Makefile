@@ -128,7 +128,7 @@ test-django6:
 	if [ -n "$$py" ]; then \
 	  $(MAKE) --no-print-directory $(VENV6)/.installed PYTHON_DJANGO6=$$py && \
 	  $(VENV6)/bin/python -c 'import django; print("Django", django.get_version())' && \
-	  $(VENV6)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup $(DJANGO6_TESTS); \
+	  $(VENV6)/bin/pytest -q -p no:cacheprovider $(DJANGO6_TESTS); \
 	else echo "Skipping the Django 6 tests: no Python 3.12 or later on this machine"; fi
 
 ## The headline comparisons against NATS JetStream, RabbitMQ, pgqueuer, NATS core,
