@@ -33,7 +33,7 @@ from websockets.asyncio.client import connect
 from tests.cluster.netns import Host
 from tests.support.clients import Socket, http
 from tests.support.databases import ROOT, base_env
-from tests.support.gateways import haproxy_path
+from tests.support.gateways import haproxy_config, haproxy_path
 
 __all__ = [
     "Balancer",
@@ -365,40 +365,13 @@ class Balancer:
         return f"ws://{self.host.address}:{BALANCER_PORT}"
 
     def config(self) -> str:
-        servers = "\n".join(
-            f"    server {gw.name} {gw.address}:{GATEWAY_PORT} check" for gw in self.gateways
+        return haproxy_config(
+            bind=f"{self.host.address}:{BALANCER_PORT}",
+            servers=[(gw.name, f"{gw.address}:{GATEWAY_PORT}") for gw in self.gateways],
+            check_host=self.host.address,
+            check_ms=200,
+            stats="127.0.0.1:8404",
         )
-        return f"""\
-global
-    maxconn 4000
-
-defaults
-    mode http
-    timeout connect 1s
-    timeout client 60s
-    timeout server 60s
-    timeout tunnel 1h
-    timeout http-keep-alive 5s
-    retries 3
-    option redispatch 1
-
-frontend gateways
-    bind {self.host.address}:{BALANCER_PORT}
-    default_backend gateways
-
-backend gateways
-    balance leastconn
-    option httpchk
-    http-check send meth GET uri /healthz ver HTTP/1.1 hdr Host {self.host.address}
-    http-check expect status 200
-    default-server inter 200ms fastinter 200ms downinter 200ms fall 2 rise 2
-{servers}
-
-listen stats
-    bind 127.0.0.1:8404
-    stats enable
-    stats uri /stats
-"""
 
     def start(self) -> None:
         self.config_path.write_text(self.config())

@@ -331,44 +331,13 @@ class Balancer:
 
     def config(self) -> str:
         """The haproxy configuration: one frontend, the gateways, a stats page."""
-        servers = "\n".join(
-            f"    server {gw.name} 127.0.0.1:{gw.port} check" for gw in self.servers
+        return haproxy_config(
+            bind=f"127.0.0.1:{self.port}",
+            servers=[(gw.name, f"127.0.0.1:{gw.port}") for gw in self.servers],
+            check_host="127.0.0.1",
+            check_ms=self.check_ms,
+            stats=f"127.0.0.1:{self.stats_port}",
         )
-        ms = self.check_ms
-        return f"""\
-global
-    # two descriptors per connection: within a default 20,000 descriptor limit
-    maxconn 4000
-
-defaults
-    mode http
-    timeout connect 1s
-    timeout client 60s
-    timeout server 60s
-    # an upgraded WebSocket lives as long as its client
-    timeout tunnel 1h
-    timeout http-keep-alive 5s
-    # a connection a stopping server refuses goes to another one
-    retries 3
-    option redispatch 1
-
-frontend gateways
-    bind 127.0.0.1:{self.port}
-    default_backend gateways
-
-backend gateways
-    balance leastconn
-    option httpchk
-    http-check send meth GET uri /healthz ver HTTP/1.1 hdr Host 127.0.0.1
-    http-check expect status 200
-    default-server inter {ms}ms fastinter {ms}ms downinter {ms}ms fall 2 rise 2
-{servers}
-
-listen stats
-    bind 127.0.0.1:{self.stats_port}
-    stats enable
-    stats uri /stats
-"""
 
     def start(self, timeout: float = 30.0) -> None:
         """Start haproxy and wait until it sees every server up."""
@@ -423,3 +392,47 @@ listen stats
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+
+
+def haproxy_config(
+    *, bind: str, servers: list[tuple[str, str]], check_host: str, check_ms: int, stats: str
+) -> str:
+    """One haproxy configuration for every test deployment: a frontend at
+    ``bind``, the gateways ``(name, address:port)`` checked on /healthz every
+    ``check_ms``, and a stats page at ``stats``."""
+    lines = "\n".join(f"    server {name} {address} check" for name, address in servers)
+    ms = check_ms
+    return f"""\
+global
+    # two descriptors per connection: within a default 20,000 descriptor limit
+    maxconn 4000
+
+defaults
+    mode http
+    timeout connect 1s
+    timeout client 60s
+    timeout server 60s
+    # an upgraded WebSocket lives as long as its client
+    timeout tunnel 1h
+    timeout http-keep-alive 5s
+    # a connection a stopping server refuses goes to another one
+    retries 3
+    option redispatch 1
+
+frontend gateways
+    bind {bind}
+    default_backend gateways
+
+backend gateways
+    balance leastconn
+    option httpchk
+    http-check send meth GET uri /healthz ver HTTP/1.1 hdr Host {check_host}
+    http-check expect status 200
+    default-server inter {ms}ms fastinter {ms}ms downinter {ms}ms fall 2 rise 2
+{lines}
+
+listen stats
+    bind {stats}
+    stats enable
+    stats uri /stats
+"""
