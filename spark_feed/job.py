@@ -97,7 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="process what is there, then stop (default: run until Ctrl-C)",
     )
     run_group.add_argument(
-        "--stop-after-rows", type=positive_int, help="stop once this many rows are written"
+        "--stop-after-rows",
+        type=positive_int,
+        help="stop once this run has written this many rows (a replayed batch does not count)",
     )
     run_group.add_argument(
         "--trigger-seconds", type=float, default=0.0, help="start a batch at most this often"
@@ -202,6 +204,22 @@ def sink_options(ns: argparse.Namespace, token: str) -> dict[str, str]:
     return options
 
 
+def unfinished_batches(checkpoint: Path) -> frozenset[int]:
+    """Batches an earlier run planned (``offsets/N``) and did not finish (no ``commits/N``).
+
+    A job stopped mid-batch (Ctrl-C, ``--stop-after-rows``, a crash) leaves
+    one; the restarted query replays it first. Empty for a new checkpoint.
+    """
+
+    def ids(folder: str) -> set[int]:
+        path = checkpoint / folder
+        if not path.is_dir():
+            return set()
+        return {int(p.name) for p in path.iterdir() if p.name.isdigit()}
+
+    return frozenset(ids("offsets") - ids("commits"))
+
+
 def start_query(frame: DataFrame, ns: argparse.Namespace, token: str) -> StreamingQuery:
     """Start the sink on ``frame``.
 
@@ -259,7 +277,10 @@ def run(ns: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     target = f"queue {ns.queue}" if ns.queue else f"topic {ns.topic}"
     print(f"starting Spark ({ns.master}); writing to {target} at {ns.url}", file=out, flush=True)
     spark = spark_session(ns.master, ns.spark_log_level)
-    report = ProgressReport(started=time.monotonic())  # reset when the query starts
+    # Reset when the query starts; a batch an earlier run left unfinished is
+    # replayed first and is not this run's work (it must not end the run
+    # early under --stop-after-rows).
+    report = ProgressReport(started=time.monotonic(), replayed=unfinished_batches(ns.checkpoint))
     failures = 0
     query: StreamingQuery | None = None
     try:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from spark_feed.job import unfinished_batches
 from spark_feed.progress import ProgressReport
 
 
@@ -30,3 +33,22 @@ def test_idle_triggers_and_missing_durations() -> None:
     assert "(-)" in line  # no duration reported: no per-batch rate
     assert progress.summary(now=2.0) == "done: 10 rows in 1 batches, 2.0 s, 5 rows/s"
     assert ProgressReport(started=5.0).rate(now=5.0) == 0.0
+
+
+def test_a_batch_an_earlier_run_left_unfinished_is_shown_and_not_counted() -> None:
+    # A restart replays it first; counting it let --stop-after-rows end the
+    # second run before it brought anything new (CI, 2026-11-26).
+    progress = ProgressReport(started=0.0, replayed=frozenset({3}))
+    lines = progress.update([report(3, 1500), report(4, 600)], now=2.0)
+    assert lines[0].startswith("batch 3: 1,500 rows replayed from the checkpoint")
+    assert "total 600 rows in 1 batches" in lines[1]
+    assert progress.rows == 600 and progress.batches == 1
+
+
+def test_unfinished_batches_are_planned_offsets_without_a_commit(tmp_path: Path) -> None:
+    assert unfinished_batches(tmp_path / "new") == frozenset()
+    for folder, names in (("offsets", ["0", "1", "2", ".2.crc"]), ("commits", ["0", "1"])):
+        (tmp_path / folder).mkdir()
+        for name in names:
+            (tmp_path / folder / name).write_text("")
+    assert unfinished_batches(tmp_path) == frozenset({2})
