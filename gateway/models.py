@@ -70,6 +70,32 @@ class Queue(models.Model):
         help_text="When an enqueue would exceed max_length: refuse it (drop_newest), "
         "dead-letter the oldest (drop_oldest), or wait up to GATEWAY_BLOCK_WAIT (block).",
     )
+    # Control (protocol 1.2: Pause, Concurrency and rate limits). The lease
+    # statement reads these in its own transaction (gateway.store.leasing).
+    # Database defaults too, so raw INSERTs that do not name them still work.
+    paused = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="A paused queue accepts enqueues, acks and nacks but leases nothing.",
+    )
+    max_in_flight = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        help_text="Most messages leased at once, over every process; 0 is unlimited.",
+    )
+    rate_limit = models.FloatField(
+        default=0.0,
+        db_default=0.0,
+        help_text="Leases per second over every process (token bucket); 0 is none.",
+    )
+    rate_burst = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Bucket size (most leases at once); empty is max(1, ceil(rate_limit)).",
+    )
+    #: the token bucket's state: tokens left as of ``rate_refilled_at``
+    rate_tokens = models.FloatField(default=0.0, db_default=0.0, editable=False)
+    rate_refilled_at = models.FloatField(default=0.0, db_default=0.0, editable=False)
     created_at = models.FloatField(default=_now)
 
     class Meta:

@@ -89,9 +89,16 @@ def observed_state(stored: StoredState, visible_at: float, now: float) -> Messag
     return MessageState.DELAYED
 
 
-#: Why a message was dead-lettered (protocol 1.1: ``dead_reason``).
-DeadReason: TypeAlias = Literal["max_deliveries", "rejected", "expired", "overflow"]
-DEAD_REASONS: tuple[DeadReason, ...] = ("max_deliveries", "rejected", "expired", "overflow")
+#: Why a message was dead-lettered (protocol 1.1: ``dead_reason``; 1.2 adds
+#: ``cancelled``, an operator's cancel).
+DeadReason: TypeAlias = Literal["max_deliveries", "rejected", "expired", "overflow", "cancelled"]
+DEAD_REASONS: tuple[DeadReason, ...] = (
+    "max_deliveries",
+    "rejected",
+    "expired",
+    "overflow",
+    "cancelled",
+)
 
 #: A bounded queue's policy when an enqueue would exceed ``max_length``.
 Overflow: TypeAlias = Literal["drop_newest", "drop_oldest", "block"]
