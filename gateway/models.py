@@ -165,6 +165,9 @@ class Message(models.Model):
     dead_reason = models.CharField(
         max_length=16, null=True, blank=True, choices=[(r, r) for r in DEAD_REASONS]
     )
+    #: when the current (or last) lease began: an ack observes the lease's
+    #: length (``leasecast_queue_lease_seconds``)
+    leased_at = models.FloatField(null=True, blank=True)
 
     class Meta:
         db_table = "leasecast_message"

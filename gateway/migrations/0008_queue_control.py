@@ -1,5 +1,6 @@
-# Queue control (protocol 1.2: Pause, Concurrency and rate limits) and the
-# dead-letter reason "cancelled". Database defaults let raw INSERTs that do not
+# Queue control (protocol 1.2: Pause, Concurrency and rate limits), when a
+# message's lease began (the lease-length histogram) and the dead-letter reason
+# "cancelled". Database defaults let raw INSERTs that do not
 # name the new columns (gateway.store) keep working.
 
 from django.db import migrations, models
@@ -56,6 +57,11 @@ class Migration(migrations.Migration):
             model_name="queue",
             name="rate_tokens",
             field=models.FloatField(db_default=0.0, default=0.0, editable=False),
+        ),
+        migrations.AddField(
+            model_name="message",
+            name="leased_at",
+            field=models.FloatField(blank=True, null=True),
         ),
         migrations.AlterField(
             model_name="message",
