@@ -1,0 +1,163 @@
+"""The pure tick core of schedules (gateway.core.schedule_ticks), on a fake clock."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+
+from gateway.core.errors import Invalid
+from gateway.core.schedule_ticks import TickRule, due_tick, parse_tick_rule, tick_label
+from tests.support.fakes import FakeClock
+
+
+def at(iso: str) -> float:
+    """Unix seconds of an ISO 8601 time with its offset."""
+    return datetime.fromisoformat(iso).timestamp()
+
+
+def fired(rule: TickRule, clock: FakeClock, until: float, step: float = 60.0) -> list[str]:
+    """Run a firing loop on ``clock`` up to ``until``, polling every ``step``
+    seconds, as the gateway's loop does; returns the ticks fired, as labels."""
+    last: float | None = None
+    since = clock()
+    labels = []
+    while clock() < until:
+        clock.advance(step)
+        tick = due_tick(rule, clock(), last_tick=last, since=since)
+        if tick is not None:
+            labels.append(tick_label(tick))
+            last = tick
+    return labels
+
+
+def test_every_is_aligned_on_the_epoch_and_fires_each_tick_once() -> None:
+    rule = parse_tick_rule(every=15, now=0)
+    assert rule.next_after(1000.0) == 1005.0
+    assert rule.next_after(1005.0) == 1020.0  # strictly after
+    assert rule.latest_at(1005.0) == 1005.0
+    assert rule.latest_at(1019.9) == 1005.0
+    clock = FakeClock(at("2026-11-26T03:00:01+00:00"))
+    ticks = fired(rule, clock, clock() + 60, step=0.25)
+    assert ticks == [
+        "2026-11-26T03:00:15Z",
+        "2026-11-26T03:00:30Z",
+        "2026-11-26T03:00:45Z",
+        "2026-11-26T03:01:00Z",
+    ]
+
+
+def test_cron_fields_names_lists_ranges_steps() -> None:
+    rule = parse_tick_rule(cron="0,30 9-10 * jan-mar mon-fri", now=0)
+    start = at("2027-01-01T11:00:00+00:00")  # a Friday, after its ticks
+    clock = FakeClock(start)
+    ticks = fired(rule, clock, at("2027-01-05T00:00:00+00:00"))
+    assert ticks == [
+        "2027-01-04T09:00:00Z",  # Monday (the weekend skipped)
+        "2027-01-04T09:30:00Z",
+        "2027-01-04T10:00:00Z",
+        "2027-01-04T10:30:00Z",
+    ]
+    steps = parse_tick_rule(cron="*/20 * * * *", now=0)
+    assert tick_label(steps.next_after(at("2027-01-01T00:41:00+00:00")) or 0) == (
+        "2027-01-01T01:00:00Z"
+    )
+
+
+@pytest.mark.parametrize(
+    ("zone", "night_before", "skipped_day", "next_day"),
+    [
+        # 02:30 does not exist on 2026-03-29 in Berlin, nor on 2026-03-08 in New York
+        ("Europe/Berlin", "2026-03-28T12:00:00+00:00", "2026-03-29", "2026-03-30T00:30:00Z"),
+        ("America/New_York", "2026-03-07T12:00:00+00:00", "2026-03-08", "2026-03-09T06:30:00Z"),
+    ],
+)
+def test_cron_wall_time_skipped_by_spring_forward_does_not_tick(
+    zone: str, night_before: str, skipped_day: str, next_day: str
+) -> None:
+    rule = parse_tick_rule(cron="30 2 * * *", timezone=zone, now=0)
+    clock = FakeClock(at(night_before))
+    ticks = fired(rule, clock, clock() + 3 * 86400)
+    assert not any(label.startswith(skipped_day) for label in ticks)
+    assert next_day in ticks
+    assert len(ticks) == 2  # the two days around the skipped one
+
+
+@pytest.mark.parametrize(
+    ("zone", "start", "first", "after_the_repeat"),
+    [
+        # Berlin: 03:00 CEST -> 02:00 CET at 01:00 UTC on 2026-10-25
+        (
+            "Europe/Berlin",
+            "2026-10-24T23:50:00+00:00",
+            "2026-10-25T00:00:00Z",
+            "2026-10-25T02:00:00Z",
+        ),
+        # New York: 02:00 EDT -> 01:00 EST at 06:00 UTC on 2026-11-01
+        (
+            "America/New_York",
+            "2026-11-01T04:50:00+00:00",
+            "2026-11-01T05:00:00Z",
+            "2026-11-01T07:00:00Z",
+        ),
+    ],
+)
+def test_cron_wall_time_repeated_by_fall_back_ticks_once(
+    zone: str, start: str, first: str, after_the_repeat: str
+) -> None:
+    rule = parse_tick_rule(cron="*/30 * * * *", timezone=zone, now=0)
+    clock = FakeClock(at(start))
+    ticks = fired(rule, clock, clock() + 4 * 3600)
+    # every half hour, but the repeated hour's two wall times only once
+    assert ticks[:3] == [first, first.replace(":00:00Z", ":30:00Z"), after_the_repeat]
+    assert len(ticks) == len(set(ticks)) == 8 - 2
+    # asked in the middle of the repetition, the latest tick is the first pass's
+    inside = at(first.replace("Z", "+00:00")) + 3600 + 600
+    assert tick_label(rule.latest_at(inside) or 0) == first.replace(":00:00Z", ":30:00Z")
+
+
+def test_catch_up_fires_only_the_most_recent_tick() -> None:
+    rule = parse_tick_rule(every=60, now=0)
+    clock = FakeClock(at("2026-11-26T03:00:10+00:00"))
+    since = clock()
+    last = due_tick(rule, clock(), last_tick=None, since=since)
+    assert last is None  # 03:00 came before the schedule did
+    clock.advance(60)
+    last = due_tick(rule, clock(), last_tick=None, since=since)
+    assert last is not None and tick_label(last) == "2026-11-26T03:01:00Z"
+    clock.advance(3600)  # no process ran for an hour
+    caught = due_tick(rule, clock(), last_tick=last, since=since)
+    assert caught is not None and tick_label(caught) == "2026-11-26T04:01:00Z"
+    assert due_tick(rule, clock(), last_tick=caught, since=since) is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "detail"),
+    [
+        ({"cron": "0 0 30 2 *"}, "cron"),
+        ({"cron": "0 0 31 4,6 *"}, "cron"),
+        ({"cron": "* * * *"}, "five fields"),
+        ({"cron": "0 0 0 * * *"}, "five fields"),
+        ({"cron": "61 * * * *"}, "cron"),
+        ({"cron": "0 0 * * *; rm"}, "cron"),
+        ({"cron": 5}, "cron"),
+        ({"every": 0.5}, "every"),
+        ({"every": 0}, "every"),
+        ({"every": True}, "every"),
+        ({"every": "5"}, "every"),
+        ({"every": float("nan")}, "every"),
+        ({}, "exactly one"),
+        ({"cron": "* * * * *", "every": 5}, "exactly one"),
+        ({"every": 5, "timezone": "Mars/Olympus"}, "timezone"),
+        ({"every": 5, "timezone": "../../etc/passwd"}, "timezone"),
+        ({"every": 5, "timezone": 3}, "timezone"),
+    ],
+)
+def test_invalid_rules_are_refused_with_a_detail(fields: dict[str, object], detail: str) -> None:
+    with pytest.raises(Invalid, match=detail):
+        parse_tick_rule(now=at("2026-11-26T00:00:00+00:00"), **fields)  # type: ignore[arg-type]
+
+
+def test_tick_labels() -> None:
+    assert tick_label(at("2026-11-26T03:00:00+00:00")) == "2026-11-26T03:00:00Z"
+    assert tick_label(at("2026-11-26T03:00:00.5+00:00")) == "2026-11-26T03:00:00.500Z"
