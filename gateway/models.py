@@ -375,3 +375,60 @@ class QueueCounter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.queue_id} {self.name} {self.label} {self.shard}"
+
+
+class Schedule(models.Model):
+    """A schedule: one message to ``queue`` at every tick (protocol 1.2: Schedules).
+
+    Exactly one of ``cron`` (five fields, wall time in ``timezone``) and
+    ``every`` (seconds, aligned on the Unix epoch) is set; the rules are in
+    ``gateway.core.schedule_ticks``. Every gateway process fires the ticks
+    (``gateway.engine.schedules``): a tick moves ``last_tick`` forward with a
+    compare-and-set in the transaction of its enqueue, so one message results
+    whatever the number of processes.
+    """
+
+    name = models.CharField(max_length=200, unique=True)
+    queue = models.CharField(max_length=200, help_text="The queue each tick enqueues to.")
+    body = models.TextField(default="null", help_text="The message body as JSON text.")
+    cron = models.CharField(
+        max_length=200,
+        null=True,
+        blank=True,
+        help_text="Five fields: minute, hour, day of month, month, day of week.",
+    )
+    every = models.FloatField(
+        null=True, blank=True, help_text="Seconds between ticks (>= 1), aligned on the epoch."
+    )
+    timezone = models.CharField(
+        max_length=64, default="UTC", help_text="IANA timezone of the cron expression."
+    )
+    enabled = models.BooleanField(default=True)
+    group = models.CharField(max_length=200, null=True, blank=True)
+    priority = models.SmallIntegerField(default=0)
+    ttl = models.FloatField(null=True, blank=True)
+    #: the most recent tick fired, Unix seconds
+    last_tick = models.FloatField(null=True, blank=True, editable=False)
+    #: messages enqueued by this schedule (a tick whose key was a duplicate is not counted)
+    fired = models.BigIntegerField(default=0, editable=False)
+    #: ticks before this time are not this schedule's: it was created, enabled
+    #: or given another rule then (so it does not fire a tick that came before)
+    active_since = models.FloatField(default=_now, editable=False)
+    #: kept by the ``LEASECAST_SCHEDULES`` setting: changed and deleted with it
+    managed = models.BooleanField(default=False, editable=False)
+    #: for a ``LEASECAST_SCHEDULES`` task: the tasks backend alias; ``body`` is
+    #: then the task's message without its result id, made at each tick
+    task_backend = models.CharField(max_length=100, null=True, blank=True, editable=False)
+    created_at = models.FloatField(default=_now, editable=False)
+    updated_at = models.FloatField(default=_now, editable=False)
+
+    class Meta:
+        db_table = "leasecast_schedule"
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        """Only names the protocol can use (URLs and idempotency keys carry them)."""
+        _check_name(self.name, "schedule")
