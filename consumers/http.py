@@ -36,12 +36,14 @@ from gateway.core.protocol import (
     parse_enqueue_spec,
 )
 from gateway.core.scopes import Principal
+from gateway.engine.cancels import tell_holder
 from gateway.runtime import current_runtime
 from gateway.server.limits import max_request_bytes
 from gateway.store import (
     AbortTxn,
     AllStats,
     Browse,
+    Cancel,
     CommitTxn,
     Configure,
     DeleteMessage,
@@ -58,6 +60,7 @@ from gateway.topics.settings import load_topic_settings, save_topic_settings
 
 __all__ = [
     "healthz",
+    "message_cancel",
     "message_detail",
     "message_requeue",
     "not_found",
@@ -387,6 +390,30 @@ async def message_requeue(
     requeued = await current_runtime().engine.call(op)
     await _audit(principal, queue, f"Requeued message {msg_id} (API): {requeued} changed.")
     return _json({"requeued": requeued})
+
+
+@api("POST")
+async def message_cancel(
+    request: HttpRequest, principal: Principal, queue: str, msg_id: str
+) -> HttpResponse:
+    """Dead-letter one message now with reason ``cancelled``, whatever its state
+    (protocol 1.2: Cancel; scope ``admin`` or ``enqueue`` on the queue).
+
+    ``{"cancelled": 1}``, or 0 if it was already dead; 404 if the queue has no
+    such message. A lease on it ends, and the socket holding it is sent a
+    ``cancel`` frame: here at once, on other processes through the cancel's
+    notice (``gateway.engine.notify``).
+    """
+    check_name(queue)
+    if not principal.allows("enqueue", queue):
+        principal.require("change_queue")
+    number = _message_id(msg_id)
+    engine = current_runtime().engine
+    result = await engine.call(Cancel(queue, number))
+    if result.receipt is not None:
+        tell_holder(engine.pumps, queue, str(number), result.receipt)
+    await _audit(principal, queue, f"Cancelled message {number} (API): {result.cancelled} changed.")
+    return _json({"cancelled": result.cancelled})
 
 
 @api("DELETE")

@@ -3,6 +3,8 @@
 The socket holds at most ``prefetch`` unacked leases; the queue's pump pushes
 deliveries while it has room. Its leases end with ack, nack, reject, their
 timeout, or the socket closing, which releases them at once (design decision 5).
+A lease also ends when its message is cancelled (protocol 1.2: Cancel): the
+socket is told with a ``cancel`` frame, and its place under ``prefetch`` is free.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from gateway.core.wire import (
     Ref,
     encode_acked,
     encode_acked_many,
+    encode_cancel,
     encode_deliver,
     encode_deliveries,
     encode_extended,
@@ -145,6 +148,15 @@ class WorkerSocket(GatewaySocket):
                     )
                 )
         self._arm_expiry()
+
+    def lease_cancelled(self, msg_id: str, receipt: str) -> bool:
+        """The message of lease ``receipt`` was cancelled (gateway.engine.cancels):
+        if this socket holds it, forget it, tell the client and take more work."""
+        if not self._open or not self.leases.end(receipt):
+            return False
+        self.push(encode_cancel(self.queue, msg_id, receipt))
+        self.pump.poke()
+        return True
 
     def _arm_expiry(self) -> None:
         due = self.leases.next_expiry()

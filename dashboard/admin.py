@@ -18,6 +18,7 @@ from django.utils import timezone
 from django.utils.cache import patch_cache_control
 from django.utils.html import format_html, format_html_join
 
+from dashboard import cancel
 from gateway.core.errors import Invalid, ProtocolError
 from gateway.core.history import DEFAULT_TOPIC_SETTINGS
 from gateway.core.leases import DEFAULT_QUEUE_SETTINGS, StoredState, observed_state
@@ -191,7 +192,7 @@ class MessageAdmin(admin.ModelAdmin[Message]):
         "pretty_body",
     )
     exclude = ("body",)
-    actions = ["requeue_messages", "delete_selected"]
+    actions = ["requeue_messages", "cancel_messages", "delete_selected"]
 
     @admin.display(description="state")
     def protocol_state(self, message: Message) -> str:
@@ -215,6 +216,14 @@ class MessageAdmin(admin.ModelAdmin[Message]):
                 request, message, "Requeued (delivery count reset, old receipt made stale)."
             )
         self.message_user(request, f"Requeued {n} messages.")
+
+    @admin.action(description="Cancel: dead-letter now (reason cancelled), its worker told")
+    def cancel_messages(self, request: HttpRequest, queryset: QuerySet[Message]) -> None:
+        chosen = list(queryset)
+        n = cancel.cancel(chosen)
+        for message in chosen:
+            self.log_change(request, message, "Cancelled (dead-lettered, its lease ended).")
+        self.message_user(request, f"Cancelled {n} messages.")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # messages come from producers, through the protocol

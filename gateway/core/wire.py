@@ -30,6 +30,7 @@ __all__ = [
     "ACKED",
     "AckedFrame",
     "AckedManyFrame",
+    "CancelFrame",
     "CloseCode",
     "DeliverFrame",
     "DeliveriesFrame",
@@ -41,8 +42,12 @@ __all__ = [
     "ErrorFrame",
     "ExtendedFrame",
     "HistoryFrame",
+    "JoinFrame",
+    "LeaveFrame",
     "MessagesFrame",
     "NackedFrame",
+    "PresenceFrame",
+    "PresenceMember",
     "PublishedFrame",
     "Ref",
     "RefreshedFrame",
@@ -52,9 +57,11 @@ __all__ = [
     "SnapshotFrame",
     "SubscribedFrame",
     "TopicItem",
+    "UnsubscribedFrame",
     "encode",
     "encode_acked",
     "encode_acked_many",
+    "encode_cancel",
     "encode_deliver",
     "encode_deliveries",
     "encode_disconnected",
@@ -64,13 +71,17 @@ __all__ = [
     "encode_error",
     "encode_extended",
     "encode_history",
+    "encode_join",
+    "encode_leave",
     "encode_messages",
     "encode_nacked",
+    "encode_presence",
     "encode_published",
     "encode_refreshed",
     "encode_rejected",
     "encode_snapshot",
     "encode_subscribed",
+    "encode_unsubscribed",
 ]
 
 #: A client frame's ``ref``: echoed in the reply to it (protocol: Frames).
@@ -171,6 +182,17 @@ class DeliveriesFrame(TypedDict):
     items: list[DeliveryItem]
 
 
+class CancelFrame(TypedDict):
+    """``{"op": "cancel", "queue", "id", "receipt"}`` (protocol 1.2: Cancel), no reply:
+    the message this socket holds under ``receipt`` was cancelled (dead-lettered),
+    and the lease is over."""
+
+    op: Literal["cancel"]
+    queue: str
+    id: str
+    receipt: str
+
+
 # -- topics -------------------------------------------------------------------------
 
 
@@ -191,14 +213,71 @@ class MessagesFrame(TypedDict):
     dropped: int
 
 
-class SubscribedFrame(TypedDict):
-    """``{"op": "subscribed", "topic", "epoch", "offset", "recovered"}`` (protocol 1.1)."""
+class SubscribedFrame(_Reply):
+    """``{"op": "subscribed", "topic", "epoch", "offset", "recovered"}`` (protocol 1.1).
+
+    On the multiplexed socket it is the reply to ``subscribe`` (echoing its
+    ``ref``), and ``recovered`` is null when neither ``since`` nor
+    ``recover`` was asked for.
+    """
 
     op: Literal["subscribed"]
     topic: str
     epoch: str
     offset: int
-    recovered: bool
+    recovered: bool | None
+
+
+class UnsubscribedFrame(_Reply):
+    """``{"op": "unsubscribed", "topic", "reason"?}`` (multiplexed socket).
+
+    The reply to ``unsubscribe`` has no reason; a subscription the gateway
+    ends has one: ``slow_consumer`` or ``stream_restarted``.
+    """
+
+    op: Literal["unsubscribed"]
+    topic: str
+    reason: NotRequired[Literal["slow_consumer", "stream_restarted"]]
+
+
+class PresenceMember(TypedDict):
+    """One member of a topic with presence: ``{"client", "user", "info"}``."""
+
+    client: str
+    user: str
+    info: Any
+
+
+class JoinFrame(TypedDict):
+    """``{"op": "join", "topic", "client", "user", "info"}``: a subscription arrived."""
+
+    op: Literal["join"]
+    topic: str
+    client: str
+    user: str
+    info: Any
+
+
+class LeaveFrame(TypedDict):
+    """``{"op": "leave", "topic", "client", "user"}``: a subscription went."""
+
+    op: Literal["leave"]
+    topic: str
+    client: str
+    user: str
+
+
+class PresenceFrame(TypedDict):
+    """``{"op": "presence", "topic", "joins": [...], "leaves": [...]}``: several at once.
+
+    The first frame of a subscription asking for presence: ``joins`` lists
+    the topic's members then.
+    """
+
+    op: Literal["presence"]
+    topic: str
+    joins: list[PresenceMember]
+    leaves: list[PresenceMember]
 
 
 class PublishedFrame(_Reply):
@@ -249,6 +328,8 @@ class SnapshotFrame(TypedDict):
     oldest_alert: float
     samples: list[dict[str, Any]]
     labels: Any
+    #: the task each leased message of a worker row carries, by message id
+    running_tasks: NotRequired[dict[str, dict[str, str]]]
 
 
 class HistoryFrame(TypedDict):
@@ -282,6 +363,8 @@ ReplyFrame: TypeAlias = (
     | ErrorFrame
     | RefreshedFrame
     | DisconnectedFrame
+    | SubscribedFrame
+    | UnsubscribedFrame
 )
 
 #: Every frame the gateway sends.
@@ -295,8 +378,13 @@ ServerFrame: TypeAlias = (
     | ExtendedFrame
     | DeliverFrame
     | DeliveriesFrame
+    | CancelFrame
     | MessagesFrame
     | SubscribedFrame
+    | UnsubscribedFrame
+    | JoinFrame
+    | LeaveFrame
+    | PresenceFrame
     | PublishedFrame
     | ErrorFrame
     | RefreshedFrame
@@ -421,6 +509,12 @@ def encode_deliveries(
     return f'{{"op":"deliveries","queue":"{queue}","items":[{",".join(parts)}]}}'
 
 
+def encode_cancel(queue: str, msg_id: str, receipt: str) -> str:
+    """:class:`CancelFrame`."""
+    frame: CancelFrame = {"op": "cancel", "queue": queue, "id": msg_id, "receipt": receipt}
+    return orjson.dumps(frame).decode()
+
+
 # -- topics
 
 
@@ -439,13 +533,74 @@ def encode_messages(topic: str, items: list[tuple[int, bytes]], dropped: int) ->
     return f'{{"op":"messages","topic":"{topic}","items":[{parts.decode()}],"dropped":{dropped}}}'
 
 
-def encode_subscribed(topic: str, epoch: str, offset: int, recovered: bool) -> str:
+def encode_subscribed(
+    topic: str, epoch: str, offset: int, recovered: bool | None, ref: Ref = None
+) -> str:
     """:class:`SubscribedFrame`, spliced (epochs are short hex strings, names need no escaping)."""
-    flag = "true" if recovered else "false"
+    if ref is not None:
+        frame: SubscribedFrame = {
+            "op": "subscribed",
+            "topic": topic,
+            "epoch": epoch,
+            "offset": offset,
+            "recovered": recovered,
+        }
+        return encode(frame, ref)
+    flag = "null" if recovered is None else "true" if recovered else "false"
     return (
         f'{{"op":"subscribed","topic":"{topic}","epoch":"{epoch}",'
         f'"offset":{offset},"recovered":{flag}}}'
     )
+
+
+def encode_unsubscribed(
+    topic: str,
+    reason: Literal["slow_consumer", "stream_restarted"] | None = None,
+    ref: Ref = None,
+) -> str:
+    """:class:`UnsubscribedFrame`: the reply to ``unsubscribe``, or the gateway's end of one."""
+    frame: UnsubscribedFrame = {"op": "unsubscribed", "topic": topic}
+    if reason is not None:
+        frame["reason"] = reason
+    return encode(frame, ref)
+
+
+def _info(info: str | None) -> Any:
+    """A member's ``info`` (kept as compact JSON text), spliced back as JSON."""
+    return None if info is None else orjson.Fragment(info)
+
+
+def encode_join(topic: str, client: str, user: str, info: str | None) -> str:
+    """:class:`JoinFrame`; ``info`` is compact JSON text (a signed token's claim) or None."""
+    return orjson.dumps(
+        {"op": "join", "topic": topic, "client": client, "user": user, "info": _info(info)}
+    ).decode()
+
+
+def encode_leave(topic: str, client: str, user: str) -> str:
+    """:class:`LeaveFrame`."""
+    frame: LeaveFrame = {"op": "leave", "topic": topic, "client": client, "user": user}
+    return orjson.dumps(frame).decode()
+
+
+def encode_presence(
+    topic: str,
+    joins: list[tuple[str, str, str | None]],
+    leaves: list[tuple[str, str, str | None]] = [],  # noqa: B006 - never changed
+) -> str:
+    """:class:`PresenceFrame` from ``(client, user, info)`` triples (``info`` as JSON text)."""
+
+    def member(client: str, user: str, info: str | None) -> dict[str, Any]:
+        return {"client": client, "user": user, "info": _info(info)}
+
+    return orjson.dumps(
+        {
+            "op": "presence",
+            "topic": topic,
+            "joins": [member(*m) for m in joins],
+            "leaves": [member(*m) for m in leaves],
+        }
+    ).decode()
 
 
 def encode_published(topic: str, offset: int, epoch: str, ref: Ref = None) -> str:
@@ -484,6 +639,7 @@ def encode_snapshot(
     oldest_alert: float,
     samples: list[dict[str, Any]],
     labels: Any,
+    running_tasks: dict[str, dict[str, str]] | None = None,
 ) -> str:
     """:class:`SnapshotFrame`; values orjson cannot take (a ``Decimal``...) as text."""
     frame: SnapshotFrame = {
@@ -495,6 +651,8 @@ def encode_snapshot(
         "samples": samples,
         "labels": labels,
     }
+    if running_tasks is not None:
+        frame["running_tasks"] = running_tasks
     return orjson.dumps(frame, default=str).decode()
 
 

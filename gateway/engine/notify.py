@@ -17,6 +17,17 @@ each gateway process using the same database file: each binds a Unix
 datagram socket in a directory beside the file (``<db>.wake/<pid>.sock``).
 A socket whose process is gone is removed by the first sender that finds it
 dead.
+
+Cancelled leases travel the same ways (protocol 1.2: Cancel): the worker
+socket holding a cancelled message may be on any process. On PostgreSQL the
+cancel's transaction sends ``pg_notify('leasecast_cancel', 'QUEUE ID
+RECEIPT')`` (``gateway.store.operator.cancel_message``) and every listener,
+the sender's own included, hands it to the process's ``cancelled`` callback;
+on SQLite a cancel committed through Django's connection (the admin, a task's
+cancel) is told to every gateway process on the file, this one included, by
+a datagram line ``cancel QUEUE ID RECEIPT`` (:func:`announce_cancelled`).
+Telling a process whose sockets do not hold the lease does nothing, so a
+notice may arrive twice.
 """
 
 from __future__ import annotations
@@ -31,11 +42,33 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from django.db import connections
+from django.db import connections, transaction
 
 from gateway.store import NOTIFY_CHANNEL
+from gateway.store.operator import CANCEL_CHANNEL
 
-__all__ = ["Listener", "announce_local", "start_listener", "start_local_listener", "wake_dir"]
+__all__ = [
+    "Cancelled",
+    "Listener",
+    "announce_cancelled",
+    "announce_local",
+    "parse_cancel_notice",
+    "start_listener",
+    "start_local_listener",
+    "wake_dir",
+]
+
+#: Told that a lease was cancelled: ``(queue, message id, receipt)``, on the loop.
+Cancelled = Callable[[str, str, str], None]
+
+
+def parse_cancel_notice(text: str) -> tuple[str, str, str] | None:
+    """``QUEUE ID RECEIPT`` as sent on the cancel channel, or None if malformed."""
+    parts = text.split(" ")
+    if len(parts) != 3 or not all(parts):
+        return None
+    return parts[0], parts[1], parts[2]
+
 
 log = logging.getLogger("leasecast.notify")
 
@@ -48,6 +81,9 @@ class Listener:
         own_name: this process's name; its own notifications are skipped.
         wake: called on the loop thread with queue names, or None for "all".
         loop: the event loop of the pumps.
+        cancelled: called on the loop thread for each cancelled lease
+            announced on :data:`~gateway.store.operator.CANCEL_CHANNEL`
+            (this process's own too: its socket may hold the lease).
     """
 
     def __init__(
@@ -56,11 +92,13 @@ class Listener:
         own_name: str,
         wake: Callable[[Iterable[str] | None], None],
         loop: asyncio.AbstractEventLoop,
+        cancelled: Cancelled | None = None,
     ) -> None:
         self._connect = connect
         self._own = own_name
         self._wake = wake
         self._loop = loop
+        self._cancelled = cancelled
         self._stopping = threading.Event()
         self.received = 0
         self.thread = threading.Thread(target=self._run, name="leasecast-listen", daemon=True)
@@ -80,6 +118,8 @@ class Listener:
             try:
                 conn = self._connect()
                 conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                if self._cancelled is not None:
+                    conn.execute(f"LISTEN {CANCEL_CHANNEL}")
                 if not first:
                     self._loop.call_soon_threadsafe(self._wake, None)
                 first = False
@@ -90,6 +130,9 @@ class Listener:
                     # the timeout, or after stop_after of them, so waking at
                     # its end delayed every wake-up by up to a second).
                     for note in conn.notifies(timeout=1.0):
+                        if note.channel == CANCEL_CHANNEL:
+                            self._notice(note.payload)
+                            continue
                         sender, _, queue = note.payload.rpartition(" ")
                         if sender != self._own:
                             self.received += 1
@@ -104,6 +147,12 @@ class Listener:
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
+    def _notice(self, payload: str) -> None:
+        notice = parse_cancel_notice(payload)
+        if notice is not None and self._cancelled is not None:
+            self.received += 1
+            self._loop.call_soon_threadsafe(self._cancelled, *notice)
+
 
 def _connect() -> Any:
     wrapper = connections.create_connection("default")
@@ -114,10 +163,13 @@ def _connect() -> Any:
 
 
 def start_listener(
-    wake: Callable[[Iterable[str] | None], None], own_name: str, loop: asyncio.AbstractEventLoop
+    wake: Callable[[Iterable[str] | None], None],
+    own_name: str,
+    loop: asyncio.AbstractEventLoop,
+    cancelled: Cancelled | None = None,
 ) -> Listener:
     """Start a listener on Django's default (PostgreSQL) database."""
-    listener = Listener(_connect, own_name, wake, loop)
+    listener = Listener(_connect, own_name, wake, loop, cancelled)
     listener.start()
     return listener
 
@@ -136,18 +188,34 @@ def wake_dir(using: str = "default") -> Path | None:
     return path.with_name(path.name + ".wake")
 
 
+#: A datagram line that announces a cancelled lease, not a queue to wake
+#: (queue names never hold a space).
+_CANCEL_LINE = "cancel "
+
+
 class _Datagrams(asyncio.DatagramProtocol):
-    def __init__(self, wake: Callable[[Iterable[str] | None], None]) -> None:
+    def __init__(
+        self, wake: Callable[[Iterable[str] | None], None], cancelled: Cancelled | None
+    ) -> None:
         self._wake = wake
+        self._cancelled = cancelled
 
     def datagram_received(self, data: bytes, addr: Any) -> None:
-        queues = {q for q in data.decode(errors="replace").split("\n") if q}
+        queues = set()
+        for line in data.decode(errors="replace").split("\n"):
+            if line.startswith(_CANCEL_LINE):
+                notice = parse_cancel_notice(line.removeprefix(_CANCEL_LINE))
+                if notice is not None and self._cancelled is not None:
+                    self._cancelled(*notice)
+            elif line:
+                queues.add(line)
         if queues:
             self._wake(queues)
 
 
 async def start_local_listener(
     wake: Callable[[Iterable[str] | None], None],
+    cancelled: Cancelled | None = None,
 ) -> asyncio.DatagramTransport | None:
     """Listen for :func:`announce_local` datagrams (SQLite only); None if it cannot."""
     directory = wake_dir()
@@ -161,7 +229,7 @@ async def start_local_listener(
         directory.mkdir(exist_ok=True)
         path.unlink(missing_ok=True)  # a previous process with our pid
         transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
-            lambda: _Datagrams(wake), local_addr=str(path), family=socket.AF_UNIX
+            lambda: _Datagrams(wake, cancelled), local_addr=str(path), family=socket.AF_UNIX
         )
     except OSError as exc:
         log.warning("no cross-process wake-ups (%s)", exc)
@@ -176,16 +244,45 @@ def announce_local(queues: Iterable[str], using: str = "default") -> int:
     Returns how many processes were told. Never raises: a wake-up that cannot
     be sent only delays delivery until the next one.
     """
+    return _send_local(directory_of(using), "\n".join(sorted(set(queues))), skip_own=True)
+
+
+def directory_of(using: str) -> Path | None:
+    """:func:`wake_dir`, or None if no gateway process listens there."""
     directory = wake_dir(using)
-    payload = "\n".join(sorted(set(queues))).encode()
-    if directory is None or not payload or not directory.is_dir():
+    return directory if directory is not None and directory.is_dir() else None
+
+
+def announce_cancelled(queue: str, msg_id: str, receipt: str, using: str = "default") -> None:
+    """Tell the worker socket holding ``receipt`` that its message was cancelled,
+    after a cancel committed through Django connection ``using`` (the admin, a
+    task's cancel: ``gateway.store.operator.cancel_message``).
+
+    Runs when the caller's transaction commits (at once outside one). On
+    SQLite: one datagram to every gateway process on the file, this one
+    included (it may serve the admin and hold the socket). On PostgreSQL the
+    cancel's own ``NOTIFY`` already told every process: nothing to do.
+    Never raises.
+    """
+    if connections[using].vendor == "postgresql":
+        return
+    line = f"{_CANCEL_LINE}{queue} {msg_id} {receipt}"
+    transaction.on_commit(
+        lambda: _send_local(directory_of(using), line, skip_own=False), using=using
+    )
+
+
+def _send_local(directory: Path | None, text: str, *, skip_own: bool) -> int:
+    """Send ``text`` to the gateway processes listening in ``directory``."""
+    payload = text.encode()
+    if directory is None or not payload:
         return 0
     own = f"{os.getpid()}.sock"
     told = 0
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
         sender.setblocking(False)
         for peer in directory.glob("*.sock"):
-            if peer.name == own:
+            if skip_own and peer.name == own:
                 continue
             try:
                 sender.sendto(payload, str(peer))

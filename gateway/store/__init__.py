@@ -8,7 +8,7 @@
 ``enqueue``        inserts, idempotency keys, bounded queues
 ``leasing``        lease rounds, ack/nack/reject/extend/release, expiry
 ``groups``         ordering groups: one head per group, settled per batch
-``operator``       stats, settings, browsing, purge, redrive, requeue, delete
+``operator``       stats, settings, browsing, purge, redrive, requeue, delete, cancel
 ``staging``        staged transactions (the Spark sink)
 =================  ==========================================================
 
@@ -28,6 +28,8 @@ from gateway.store.ops import (
     Browse,
     BrowsedMessage,
     BrowsePage,
+    Cancel,
+    CancelResult,
     CommitTxn,
     Configure,
     DeleteMessage,
@@ -66,6 +68,8 @@ __all__ = [
     "Browse",
     "BrowsePage",
     "BrowsedMessage",
+    "Cancel",
+    "CancelResult",
     "CommitTxn",
     "Configure",
     "DeleteMessage",

@@ -1,4 +1,4 @@
-"""What operators see and do: stats, settings, browsing, purge, redrive, requeue, delete.
+"""What operators see and do: stats, settings, browsing, purge, redrive, requeue, delete, cancel.
 
 These run through the store like every other op (HTTP API), and also on
 Django's own connection for the admin (``gateway.host.operations``), so both
@@ -11,20 +11,24 @@ from collections.abc import Mapping
 from typing import Any
 
 from gateway.core.errors import Invalid, NotFound
-from gateway.core.leases import StoredState, observed_state
-from gateway.store.expiry import expire, expire_ids
+from gateway.core.leases import StoredState, format_receipt, observed_state
+from gateway.store.dialects import POSTGRESQL
+from gateway.store.expiry import dead_letter_ids, expire, expire_ids
 from gateway.store.ops import (
     BrowsedMessage,
     BrowsePage,
     BrowseState,
+    CancelResult,
     MessageCondition,
     QueueStats,
 )
 from gateway.store.txn import QueueRow, Txn
 
 __all__ = [
+    "CANCEL_CHANNEL",
     "all_stats",
     "browse",
+    "cancel_message",
     "configure",
     "delete_message",
     "purge",
@@ -35,6 +39,10 @@ __all__ = [
 ]
 
 READY, LEASED, DEAD, DELAYED, WAITING = (int(s) for s in StoredState)
+
+#: The PostgreSQL NOTIFY channel on which cancelled leases are announced, as
+#: ``QUEUE ID RECEIPT`` (read by ``gateway.engine.notify``).
+CANCEL_CHANNEL = "leasecast_cancel"
 
 #: Which stored rows are in each protocol state at time %s (see gateway.core.leases).
 _STATE_SQL: dict[str, str] = {
@@ -215,6 +223,50 @@ def requeue_message(
     if not _matches(txn, q, msg_id, expect or MessageCondition()):
         return 0
     return requeue_ids(txn, [msg_id], q.id)
+
+
+def cancel_message(txn: Txn, q: QueueRow, msg_id: int) -> CancelResult:
+    """Dead-letter message ``msg_id`` of ``q`` now with reason ``cancelled``,
+    whatever its state (protocol 1.2: Cancel).
+
+    A lease on it ends with it: its receipt is stale from now on (every
+    statement that ends a lease wants ``state = 1``). If the message was in
+    flight, the result names that lease's receipt so that the socket holding
+    it can be told, and on PostgreSQL the transaction announces it with
+    ``NOTIFY`` on :data:`CANCEL_CHANNEL`, delivered to every gateway process
+    when it commits (whichever connection it runs on: the gateway's store or
+    Django's, for the admin).
+
+    Returns:
+        ``cancelled`` 1, or 0 if the message was already dead (its ttl ran
+        out counts: it is dead, swept or not yet).
+
+    Raises:
+        NotFound: ``q`` has no message ``msg_id`` (never, or acked).
+    """
+    expire_ids(txn, [msg_id])
+    row = txn.exec(
+        "SELECT state, visible_at, lease_token FROM leasecast_message "
+        "WHERE id = %s AND queue_id = %s",
+        (msg_id, q.id),
+    ).fetchone()
+    if row is None:
+        raise NotFound(f"queue {q.name!r} has no message {msg_id}")
+    state, visible_at, token = int(row[0]), float(row[1]), row[2]
+    if state == DEAD:
+        return CancelResult(0)
+    in_flight = state == LEASED and visible_at > txn.now and token is not None
+    dead_letter_ids(txn, [msg_id], "cancelled")
+    # It left the states a bounded queue counts (visible, delayed), or its
+    # lease ended; a group's next message is promoted by settling.
+    txn.forget_length(q.id)
+    if not in_flight:
+        return CancelResult(1)
+    txn.woken.add(q.name)  # a place under max_in_flight is free again
+    receipt = format_receipt(msg_id, int(token))
+    if txn.dialect is POSTGRESQL:
+        txn.exec("SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, f"{q.name} {msg_id} {receipt}"))
+    return CancelResult(1, receipt)
 
 
 def _matches(txn: Txn, q: QueueRow, msg_id: int, expect: MessageCondition) -> bool:

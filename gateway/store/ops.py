@@ -27,6 +27,8 @@ __all__ = [
     "Browse",
     "BrowsePage",
     "BrowsedMessage",
+    "Cancel",
+    "CancelResult",
     "CommitTxn",
     "Configure",
     "DeleteMessage",
@@ -109,6 +111,18 @@ class AckResult:
     """An ack's follow-up results, in order."""
 
     enqueued: list[EnqueueResult]
+
+
+@dataclass(frozen=True, slots=True)
+class CancelResult:
+    """What a cancel did: ``cancelled`` is 1, or 0 if the message was already dead.
+
+    ``receipt`` names the lease the cancel ended (the message was in flight),
+    so the socket holding it can be told; None otherwise.
+    """
+
+    cancelled: int
+    receipt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,6 +386,15 @@ class DeleteMessage(Returns[int]):
 
 
 @dataclass(frozen=True, slots=True)
+class Cancel(Returns[CancelResult]):
+    """Dead-letter one message at once with reason ``cancelled``, whatever its
+    state (protocol 1.2: Cancel); NotFound if ``queue`` has no such message."""
+
+    queue: str
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
 class Stage(Returns[TxnResult]):
     """Replace partition ``partition`` of transaction ``txn`` with ``messages`` for ``queue``."""
 
@@ -427,6 +450,7 @@ Op: TypeAlias = (
     | Browse
     | RequeueMessage
     | DeleteMessage
+    | Cancel
     | Stage
     | CommitTxn
     | AbortTxn
@@ -443,6 +467,7 @@ Result: TypeAlias = (
     | QueueStats
     | list[QueueStats]
     | BrowsePage
+    | CancelResult
     | TxnResult
     | ProtocolError
     | None

@@ -41,6 +41,7 @@ from gateway.store.ops import (
     Ack,
     AllStats,
     Browse,
+    Cancel,
     CommitTxn,
     Configure,
     DeleteMessage,
@@ -300,6 +301,7 @@ _OPERATOR_OPS = (
     Browse,
     RequeueMessage,
     DeleteMessage,
+    Cancel,
     Stage,
     CommitTxn,
     AbortTxn,
@@ -369,6 +371,8 @@ def _apply_one(txn: Txn, op: Op) -> Result:
             case DeleteMessage():
                 q = txn.queue(op.queue, create=False)
                 return operator.delete_message(txn, q, op.id, op.expect)
+            case Cancel():
+                return operator.cancel_message(txn, txn.queue(op.queue, create=False), op.id)
             case Stage():
                 return staging.stage(txn, op)
             case CommitTxn():

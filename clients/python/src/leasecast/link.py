@@ -13,7 +13,7 @@ import contextlib
 import itertools
 import logging
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit, urlunsplit
 
@@ -260,6 +260,10 @@ class Link:
         self._renewable = tokens is not None and tokens.renewable
         self._pending = PendingReplies()
         self._frames: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        #: sees each pushed frame as it arrives, before it is queued for
+        #: :meth:`next`; returns True to consume it (a worker's ``cancel``
+        #: must reach its delivery while the owner is busy with it)
+        self.on_push: Callable[[dict[str, Any]], bool] | None = None
         #: why the socket closed; None while it is open
         self.closed_with: LeasecastError | None = None
         loop = asyncio.get_running_loop()
@@ -356,6 +360,8 @@ class Link:
                     # An error answering no request is the socket's own: the
                     # refusal the gateway states just before closing 4400/4403.
                     last_error = frame
+                elif self.on_push is not None and self.on_push(frame):
+                    pass
                 else:
                     self._frames.put_nowait(frame)
         except WsConnectionClosed:

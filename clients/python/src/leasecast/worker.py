@@ -19,13 +19,34 @@ plain acks made in the same event-loop iteration go in one ``ack_many``
 frame; each :meth:`Delivery.ack` still gets its own result or error, and a
 lone ack is sent at once, as an ``ack``. ``batch=False`` speaks only v1
 frames (one ``deliver`` and one ``ack`` per message).
+
+A message cancelled while a worker holds it (``POST
+/api/queues/QUEUE/messages/ID/cancel``) is dead-lettered by the gateway, which
+tells the socket holding it with a ``cancel`` frame: its
+:attr:`Delivery.cancelled` event is set at once (even while the handler is
+busy with it) and the worker's ``on_cancel`` callback, if any, is called.
+Its lease is over: ending it raises :class:`~leasecast.errors.StaleReceipt`.
+
+.. code-block:: python
+
+    async def handle(delivery):
+        work = asyncio.create_task(process(delivery.body))
+        stop = asyncio.create_task(delivery.cancelled.wait())
+        await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if delivery.cancelled.is_set():
+            work.cancel()  # the gateway has dead-lettered it: nothing to ack
+        else:
+            stop.cancel()
+            await delivery.ack()
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
-from collections.abc import AsyncIterator, Iterator
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +66,9 @@ log = logging.getLogger("leasecast.client")
 
 #: Most deliveries the worker asks for per frame (the protocol's limit for ``batch``).
 MAX_BATCH = 1000
+#: Receipts cancelled before their delivery was read, remembered so that the
+#: delivery is skipped when it is (a bound: cancels are rare, receipts unique).
+MAX_EARLY_CANCELS = 1000
 
 __all__ = ["Delivery", "Worker"]
 
@@ -64,6 +88,10 @@ class Delivery:
         group: the message's group (protocol 1.1), or None: the next message of
             the group is not delivered before this one is acked or dead-lettered.
         priority: the message's priority, -100..100 (0 unless it was given one).
+        cancelled: set when the gateway cancels the message while this lease
+            holds it (a ``cancel`` frame): the message is dead-lettered and the
+            lease is over, so stop working on it; ending it raises
+            :class:`~leasecast.errors.StaleReceipt`.
     """
 
     queue: str
@@ -74,6 +102,9 @@ class Delivery:
     expires_in: float
     group: str | None = None
     priority: int = 0
+    cancelled: asyncio.Event = field(
+        default_factory=asyncio.Event, repr=False, compare=False, kw_only=True
+    )
     _link: Link = field(repr=False, compare=False, kw_only=True)
     _acks: Coalescer[Link, str, None] | None = field(
         default=None, repr=False, compare=False, kw_only=True
@@ -87,6 +118,10 @@ class Delivery:
             raise StaleReceipt(
                 f"the socket that leased message {self.id} closed; the gateway released it"
             )
+        if self.cancelled.is_set():
+            # The gateway said so with a cancel frame: asking would only get
+            # stale_receipt back.
+            raise StaleReceipt(f"message {self.id} was cancelled; its lease is over")
 
     async def _request(self, frame: dict[str, Any]) -> dict[str, Any]:
         self._check_open()
@@ -199,6 +234,9 @@ class Worker:
         backoff_max: largest reconnect delay ceiling.
         batch: the fast path (default): batched deliveries and coalesced acks.
             False sends and asks for v1 frames only.
+        on_cancel: called with a :class:`Delivery` the gateway cancelled while
+            this worker held it, right after its ``cancelled`` event is set (a
+            coroutine function is run as a task). Its errors are logged.
     """
 
     def __init__(
@@ -214,6 +252,7 @@ class Worker:
         backoff_initial: float = 0.1,
         backoff_max: float = 5.0,
         batch: bool = True,
+        on_cancel: Callable[[Delivery], Awaitable[None] | None] | None = None,
     ) -> None:
         # Up to prefetch per frame: never more than the worker may hold anyway.
         # A bad prefetch is sent as given, for the gateway to refuse.
@@ -247,6 +286,16 @@ class Worker:
         self._delays: Iterator[float] | None = None
         #: how many times the socket was reopened after a drop
         self.reconnects = 0
+        self._on_cancel = on_cancel
+        # The deliveries handed out and not yet dropped by their owner, by
+        # receipt: a cancel frame finds its delivery here.
+        self._held: weakref.WeakValueDictionary[str, Delivery] = weakref.WeakValueDictionary()
+        # Cancelled receipts whose delivery frame was still queued, unread.
+        self._early_cancels: dict[str, None] = {}
+        # on_cancel tasks, kept until they end (the loop keeps only weak references).
+        self._callbacks: set[asyncio.Task[None]] = set()
+        #: how many cancel frames arrived (for deliveries held or still unread)
+        self.cancels = 0
 
     async def __aenter__(self) -> Worker:
         await self.connect()
@@ -271,7 +320,7 @@ class Worker:
             raise ConnectionClosed("the worker is closed")
         async with self._connecting:
             if self._link is None or not self._link.is_open:
-                self._link = await Link.open(self.url, self._token)
+                self._link = self._watch(await Link.open(self.url, self._token))
 
     async def close(self) -> None:
         """Close the socket; the gateway releases its unacked leases at once.
@@ -336,7 +385,7 @@ class Worker:
             if link is not None and link.is_open:
                 return link
             if link is None:  # never connected: the first attempt has no delay
-                self._link = await Link.open(self.url, self._token)
+                self._link = self._watch(await Link.open(self.url, self._token))
                 return self._link
             assert link.closed_with is not None
             if not isinstance(link.closed_with, ConnectionClosed) or not self._reconnect:
@@ -349,9 +398,54 @@ class Worker:
             if self._closed.is_set():  # close() ran while the handshake was under way
                 await new.close()
                 raise ConnectionClosed("the worker is closed")
-            self._link = new
+            self._link = self._watch(new)
             self.reconnects += 1
             return new
+
+    def _watch(self, link: Link) -> Link:
+        """Have ``cancel`` frames handled as they arrive on ``link``."""
+        link.on_push = self._pushed
+        return link
+
+    def _pushed(self, frame: dict[str, Any]) -> bool:
+        """A frame the gateway pushed: consume ``cancel`` frames, queue the rest."""
+        if frame.get("op") != "cancel":
+            return False
+        receipt = frame.get("receipt")
+        if not isinstance(receipt, str):
+            return True
+        self.cancels += 1
+        delivery = self._held.pop(receipt, None)
+        if delivery is None:
+            # Its delivery frame is still queued (or the owner dropped it):
+            # remember the receipt so it is never handed out.
+            self._early_cancels[receipt] = None
+            while len(self._early_cancels) > MAX_EARLY_CANCELS:
+                del self._early_cancels[next(iter(self._early_cancels))]
+            return True
+        self._cancel(delivery)
+        return True
+
+    def _cancel(self, delivery: Delivery) -> None:
+        delivery.cancelled.set()
+        if self._on_cancel is None:
+            return
+        try:
+            outcome = self._on_cancel(delivery)
+        except Exception:
+            log.exception("on_cancel failed for message %s", delivery.id)
+            return
+        if inspect.isawaitable(outcome):
+            task = asyncio.ensure_future(self._run_callback(outcome, delivery))
+            self._callbacks.add(task)
+            task.add_done_callback(self._callbacks.discard)
+
+    @staticmethod
+    async def _run_callback(outcome: Awaitable[None], delivery: Delivery) -> None:
+        try:
+            await outcome
+        except Exception:
+            log.exception("on_cancel failed for message %s", delivery.id)
 
     def _was_healthy(self, link: Link) -> bool:
         # A socket that stayed up longer than the longest backoff was fine:
@@ -380,13 +474,20 @@ class Worker:
                 continue
             op = frame.get("op")
             if op == "deliver":
-                yield self._delivery(link, frame)
+                items = [frame]
             elif op == "deliveries":  # the batch extension (query parameter ``batch``)
-                for item in frame["items"]:
-                    yield self._delivery(link, {"queue": frame["queue"], **item})
+                items = [{"queue": frame["queue"], **item} for item in frame["items"]]
+            else:
+                continue
+            for item in items:
+                if item["receipt"] in self._early_cancels:
+                    # Cancelled before it was read: dead-lettered, not ours.
+                    del self._early_cancels[item["receipt"]]
+                    continue
+                yield self._delivery(link, item)
 
     def _delivery(self, link: Link, frame: dict[str, Any]) -> Delivery:
-        return Delivery(
+        delivery = Delivery(
             queue=frame["queue"],
             id=frame["id"],
             receipt=frame["receipt"],
@@ -399,6 +500,8 @@ class Worker:
             _link=link,
             _acks=self._acks,
         )
+        self._held[delivery.receipt] = delivery
+        return delivery
 
     async def enqueue(
         self,
