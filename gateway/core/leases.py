@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import enum
 import heapq
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal, TypeAlias
@@ -40,6 +41,7 @@ from gateway.core.errors import BadFrame, Invalid
 __all__ = [
     "DEAD_REASONS",
     "DEFAULT_QUEUE_SETTINGS",
+    "LEASE_SECONDS_BUCKETS",
     "OVERFLOW_POLICIES",
     "Clock",
     "DeadReason",
@@ -49,8 +51,10 @@ __all__ = [
     "QueueSettings",
     "StoredState",
     "WorkerLeases",
+    "format_bound",
     "format_receipt",
     "lease_outcome",
+    "lease_seconds_bucket",
     "observed_state",
     "parse_receipt",
     "release_state",
@@ -107,6 +111,40 @@ OVERFLOW_POLICIES: tuple[Overflow, ...] = ("drop_newest", "drop_oldest", "block"
 #: Longest lease accepted (``visibility_timeout``, ``extend``): 12 hours.
 MAX_TIMEOUT = 12 * 3600.0
 
+#: Upper bounds (seconds) of ``leasecast_queue_lease_seconds``'s buckets:
+#: from delivery to ack, sub-second handlers to hour-long jobs.
+LEASE_SECONDS_BUCKETS: tuple[float, ...] = (
+    0.01,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+    900.0,
+    3600.0,
+)
+
+
+def lease_seconds_bucket(seconds: float) -> str:
+    """The label of the smallest bucket of :data:`LEASE_SECONDS_BUCKETS` that
+    holds a lease of ``seconds`` (``"+Inf"`` past the last), as Prometheus
+    writes ``le``: the store counts each ack in one bucket, the scrape sums them."""
+    for bound in LEASE_SECONDS_BUCKETS:
+        if seconds <= bound:
+            return format_bound(bound)
+    return "+Inf"
+
+
+def format_bound(bound: float) -> str:
+    """A bucket's bound as Prometheus writes ``le`` (``1.0``, ``0.25``, ``+Inf``)."""
+    return "+Inf" if bound == float("inf") else repr(float(bound))
+
 
 @dataclass(frozen=True, slots=True)
 class QueueSettings:
@@ -123,6 +161,27 @@ class QueueSettings:
     #: most messages visible or delayed (in flight ones are not counted); 0 = unlimited
     max_length: int = 0
     overflow: Overflow = "drop_newest"
+    # Control (protocol 1.2: Pause, Concurrency and rate limits).
+    #: a paused queue leases nothing (enqueues, acks and nacks go on)
+    paused: bool = False
+    #: most messages leased at the same moment, over every process; 0 = unlimited
+    max_in_flight: int = 0
+    #: leases granted per second, over every process (a token bucket); 0 = none
+    rate_limit: float = 0.0
+    #: the bucket's size; None = ``max(1, ceil(rate_limit))`` (see :attr:`burst`)
+    rate_burst: int | None = None
+
+    @property
+    def burst(self) -> int:
+        """The token bucket's size in force: ``rate_burst``, else ``max(1, ceil(rate_limit))``."""
+        if self.rate_burst is not None:
+            return self.rate_burst
+        return max(1, math.ceil(self.rate_limit))
+
+    @property
+    def limited(self) -> bool:
+        """True if a lease round must count against ``max_in_flight`` or ``rate_limit``."""
+        return self.max_in_flight > 0 or self.rate_limit > 0
 
     def changed(self, changes: dict[str, object]) -> QueueSettings:
         """These settings with ``changes`` applied, every value checked.
@@ -153,6 +212,10 @@ class QueueSettings:
             "dedup_window": self.dedup_window,
             "max_length": self.max_length,
             "overflow": self.overflow,
+            "paused": self.paused,
+            "max_in_flight": self.max_in_flight,
+            "rate_limit": self.rate_limit,
+            "rate_burst": self.burst,
         }
 
 
@@ -198,12 +261,55 @@ def _check_overflow(value: object) -> Overflow:
     raise Invalid(f"overflow must be one of {', '.join(OVERFLOW_POLICIES)}, got {value[:40]!r}")
 
 
+def _control(check: Callable[[object], object]) -> Callable[[object], object]:
+    """A 1.2 control setting's check: a value of the wrong JSON type is ``invalid``
+    too (``PATCH``'s rule: invalid values are 400 ``invalid``)."""
+
+    def checked(value: object) -> object:
+        try:
+            return check(value)
+        except BadFrame as exc:
+            raise Invalid(exc.detail) from exc
+
+    return checked
+
+
+def _check_paused(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise Invalid(f"paused must be true or false, got {str(value)[:40]!r}")
+    return value
+
+
+#: Most leases per second a rate limit may name (a bucket refilled faster is no limit).
+MAX_RATE_LIMIT = 1_000_000.0
+
+
+def _check_rate_limit(value: object) -> float:
+    rate = _number("rate_limit", value)
+    if not 0 <= rate <= MAX_RATE_LIMIT:
+        raise Invalid(f"rate_limit must be 0..{MAX_RATE_LIMIT:.0f} leases per second")
+    return rate
+
+
+def _check_rate_burst(value: object) -> int | None:
+    if value is None:
+        return None  # back to the default, max(1, ceil(rate_limit))
+    burst = _whole("rate_burst", value)
+    if burst < 1:
+        raise Invalid("rate_burst must be >= 1 (or null for max(1, ceil(rate_limit)))")
+    return burst
+
+
 _SETTING_CHECKS: dict[str, Callable[[object], object]] = {
     "visibility_timeout": _check_visibility_timeout,
     "max_deliveries": lambda value: _whole("max_deliveries", value),
     "dedup_window": _check_dedup_window,
     "max_length": lambda value: _whole("max_length", value),
     "overflow": _check_overflow,
+    "paused": _check_paused,
+    "max_in_flight": _control(lambda value: _whole("max_in_flight", value)),
+    "rate_limit": _control(_check_rate_limit),
+    "rate_burst": _control(_check_rate_burst),
 }
 
 

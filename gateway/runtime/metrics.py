@@ -40,9 +40,17 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
+
+from gateway.core.leases import LEASE_SECONDS_BUCKETS, format_bound
+from gateway.store.leasing import LEASE_SECONDS, LEASE_SECONDS_SUM
 
 __all__ = [
     "CONTENT_TYPE",
@@ -189,6 +197,8 @@ class Registry:
         counters, by (queue, counter, label): the dashboard's per-process rates."""
         with self._lock:
             for (queue, name, _), n in counted.items():
+                if name not in QUEUE_COUNTERS:
+                    continue  # the lease-length histogram's rows: scrapes only
                 counters = self._queues.get(queue)
                 if counters is None:
                     counters = self._queues[queue] = dict.fromkeys(QUEUE_COUNTERS, 0)
@@ -350,10 +360,16 @@ class Deployment:
     queue_counters: dict[tuple[str, str, str], int] = field(default_factory=dict)
     #: (queue, state) -> messages now
     queue_messages: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: queue -> age in seconds of its oldest visible message (0: none)
+    queue_oldest: dict[str, float] = field(default_factory=dict)
     #: in-memory counters of every process
     counters: dict[Key, int] = field(default_factory=dict)
     #: process -> kind -> open sockets
     sockets: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: further metric families, rendered after the others: each part of the
+    #: gateway with figures of its own (schedules' ``leasecast_schedule_fired_total``,
+    #: presence's ``leasecast_topic_presence``) appends its families in :func:`scrape`
+    more: list[Metric] = field(default_factory=list)
 
 
 #: Which stored rows are in each protocol state at time %s (as gateway.store.operator).
@@ -362,7 +378,7 @@ _GAUGE_SQL = (
     " WHEN m.state = 2 OR (m.expires_at IS NOT NULL AND m.expires_at <= %s) THEN 'dead'"
     " WHEN m.state = 0 OR m.visible_at <= %s THEN 'visible'"
     " WHEN m.state = 1 THEN 'in_flight'"
-    " ELSE 'delayed' END AS st, COUNT(*)"
+    " ELSE 'delayed' END AS st, COUNT(*), MIN(m.enqueued_at)"
     " FROM leasecast_message AS m JOIN leasecast_queue AS q ON q.id = m.queue_id"
     " GROUP BY q.name, st"
 )
@@ -385,9 +401,13 @@ def read_queue_figures(cursor: Any, now: float, placeholder: str = "%s") -> Depl
     for (name,) in cursor.fetchall():
         for state in STATES:
             figures.queue_messages[(name, state)] = 0
+        figures.queue_oldest[name] = 0.0
     cursor.execute(_GAUGE_SQL.replace("%s", placeholder), (now, now))
-    for name, state, n in cursor.fetchall():
+    for name, state, n, first in cursor.fetchall():
         figures.queue_messages[(name, state)] = int(n)
+        if state == "visible" and first is not None:
+            # Since its enqueue, as GET /api/queues/QUEUE's oldest_visible_age.
+            figures.queue_oldest[name] = max(0.0, now - float(first))
     cursor.execute(_COUNTERS_SQL)
     for queue, name, label, value in cursor.fetchall():
         figures.queue_counters[(queue, name, label or "")] = int(value)
@@ -418,6 +438,15 @@ def _families(figures: Deployment) -> Iterator[Metric]:
             if counter == name:
                 family.add_metric([queue, label] if name == "dead_lettered" else [queue], n)
         yield family
+    oldest = GaugeMetricFamily(
+        "leasecast_queue_oldest_age_seconds",
+        "Age (since enqueue) of the queue's oldest visible message; 0 when none.",
+        labels=["queue"],
+    )
+    for queue, age in sorted(figures.queue_oldest.items()):
+        oldest.add_metric([queue], age)
+    yield oldest
+    yield _lease_seconds(figures)
     for name, label_names in TOPIC_COUNTERS.items():
         family = CounterMetricFamily(f"leasecast_{name}", _HELP[name], labels=list(label_names))
         for (counter, values), n in sorted(figures.counters.items()):
@@ -431,6 +460,39 @@ def _families(figures: Deployment) -> Iterator[Metric]:
         for kind, n in sorted(kinds.items()):
             sockets.add_metric([kind, process], n)
     yield sockets
+    yield from figures.more
+
+
+def _lease_seconds(figures: Deployment) -> Metric:
+    """``leasecast_queue_lease_seconds``: from delivery to ack, per queue.
+
+    The store counts each ack once, in the bucket of its length (a queue
+    counter, ``gateway.store.leasing.LEASE_SECONDS``, labelled with the bound);
+    Prometheus buckets are cumulative, so each bound here counts the acks at
+    or under it.
+    """
+    family = HistogramMetricFamily(
+        "leasecast_queue_lease_seconds",
+        "Seconds from a message's delivery to its ack.",
+        labels=["queue"],
+    )
+    bounds = [format_bound(b) for b in LEASE_SECONDS_BUCKETS] + ["+Inf"]
+    per_bucket: dict[str, dict[str, int]] = {}
+    sums: dict[str, int] = {}
+    for (queue, name, label), n in figures.queue_counters.items():
+        if name == LEASE_SECONDS:
+            per_bucket.setdefault(queue, {})[label] = n
+        elif name == LEASE_SECONDS_SUM:
+            sums[queue] = n
+    for queue in sorted(figures.queue_oldest):  # every queue
+        counts = per_bucket.get(queue, {})
+        running = 0
+        buckets: list[tuple[str, float]] = []
+        for bound in bounds:
+            running += counts.get(bound, 0)
+            buckets.append((bound, running))
+        family.add_metric([queue], buckets, sum_value=sums.get(queue, 0) / 1000)
+    return family
 
 
 def render(figures: Deployment) -> bytes:

@@ -4,7 +4,7 @@ Statements the two share are written once, with ``%s`` placeholders, in the
 modules that use them; :meth:`Dialect.sql` adapts the placeholders. What
 differs lives here: how a transaction begins, the lease statement (design
 decision 2), bulk inserts and acks (arrays on PostgreSQL, a JSON array on
-SQLite), and the per-group lock that only PostgreSQL needs.
+SQLite), and the per-group and per-queue locks that only PostgreSQL needs.
 
 The hot statements (:meth:`Dialect.lease`, :meth:`Dialect.insert`,
 :meth:`Dialect.ack_many`) are run by the dialect itself, through the ``run``
@@ -66,11 +66,36 @@ class Dialect:
         """Adapt ``%s`` placeholders to the driver's style."""
         return text if self.placeholder == "%s" else text.replace("%s", self.placeholder)
 
+    #: A limited or paused queue's control row, read by its lease round
+    #: (``gateway.store.leasing``); PostgreSQL locks it (:meth:`control`).
+    _CONTROL = (
+        "SELECT paused, max_in_flight, rate_limit, rate_burst, rate_tokens, rate_refilled_at "
+        "FROM leasecast_queue WHERE id = %s"
+    )
+    #: A queue's leases in flight now (leased, neither timed out nor past their ttl).
+    _IN_FLIGHT = (
+        "SELECT COUNT(*) FROM leasecast_message WHERE queue_id = %s AND state = 1 "
+        "AND visible_at > %s AND (expires_at IS NULL OR expires_at > %s)"
+    )
+
+    def control(self, run: Run, queue_id: int) -> Sequence[Any] | None:
+        """A queue's ``paused, max_in_flight, rate_limit, rate_burst, rate_tokens,
+        rate_refilled_at``, held for the rest of the transaction: no other
+        transaction leases from the queue until this one ends, so the count of
+        leases in flight and the bucket it reads next stay true until its commit."""
+        row: Sequence[Any] | None = run(self._CONTROL, (queue_id,)).fetchone()
+        return row
+
+    def in_flight(self, run: Run, queue_id: int, now: float) -> int:
+        """How many messages of the queue are leased at ``now``."""
+        return int(run(self._IN_FLIGHT, (queue_id, now, now)).fetchone()[0])
+
     def lease(
         self, run: Run, queue_id: int, n: int, now: float, lease_end: float, token: int
     ) -> list[Sequence[Any]]:
-        """Lease up to ``n`` heads of the queue in delivery order (priority, then id);
-        returns a row of :data:`LEASED_COLUMNS` per message, in no promised order."""
+        """Lease up to ``n`` heads of the queue in delivery order (priority, then id),
+        noting ``now`` as each lease's start (``leased_at``); returns a row of
+        :data:`LEASED_COLUMNS` per message, in no promised order."""
         raise NotImplementedError
 
     def insert(self, run: Run, rows: Sequence[tuple[Any, ...]]) -> list[int]:
@@ -82,7 +107,7 @@ class Dialect:
         self, run: Run, pairs: Sequence[tuple[int, int]], now: float
     ) -> list[Sequence[Any]]:
         """Delete the current leases named by ``(id, lease_token)`` pairs; returns
-        ``(id, lease_token, queue_id, group)`` for each one deleted."""
+        ``(id, lease_token, queue_id, group, leased_at)`` for each one deleted."""
         raise NotImplementedError
 
     def lock_groups(self, keys: Sequence[tuple[int, str]]) -> Statement | None:
@@ -95,7 +120,8 @@ class Dialect:
 
 
 class _Sqlite(Dialect):
-    """SQLite: ``BEGIN IMMEDIATE`` makes every write transaction serial."""
+    """SQLite: ``BEGIN IMMEDIATE`` makes every write transaction serial, so a
+    queue's control row needs no lock of its own."""
 
     name = "sqlite"
     begin = "BEGIN IMMEDIATE"
@@ -113,7 +139,7 @@ class _Sqlite(Dialect):
         FROM json_each(%s) ORDER BY key
     """
     _CURRENT_OF = """
-        SELECT json_group_array(json_array(id, lease_token, queue_id, "group"))
+        SELECT json_group_array(json_array(id, lease_token, queue_id, "group", leased_at))
         FROM leasecast_message WHERE id IN (SELECT value FROM json_each(%s))
         AND state = 1 AND visible_at > %s AND (expires_at IS NULL OR expires_at > %s)
     """
@@ -121,7 +147,7 @@ class _Sqlite(Dialect):
 
     _LEASE = f"""
         UPDATE leasecast_message
-        SET state = 1, deliveries = deliveries + 1, lease_token = %s,
+        SET state = 1, deliveries = deliveries + 1, lease_token = %s, leased_at = %s,
             visible_at = CASE WHEN expires_at < %s THEN expires_at ELSE %s END
         WHERE id IN (
             SELECT id FROM (
@@ -144,7 +170,7 @@ class _Sqlite(Dialect):
     def lease(
         self, run: Run, queue_id: int, n: int, now: float, lease_end: float, token: int
     ) -> list[Sequence[Any]]:
-        params = (token, lease_end, lease_end, queue_id, n, queue_id, now, n, n)
+        params = (token, now, lease_end, lease_end, queue_id, n, queue_id, now, n, n)
         rows: list[Sequence[Any]] = run(self._LEASE, params).fetchall()
         return rows
 
@@ -218,6 +244,12 @@ class _Postgres(Dialect):
 
     name = "postgresql"
     json_param = "CAST(%s AS jsonb)"
+    # Read committed: the row lock serialises the lease rounds of one limited
+    # queue across processes, and each statement after it sees every lease
+    # and ack committed before the lock was granted. Unlimited queues never
+    # take it, so they pay nothing. NO KEY UPDATE: enqueues and counters
+    # (foreign keys to the row take KEY SHARE) do not wait for it.
+    _CONTROL = Dialect._CONTROL + " FOR NO KEY UPDATE"
 
     _LEASE = """
         WITH ready AS (
@@ -234,7 +266,7 @@ class _Postgres(Dialect):
             ORDER BY priority DESC, id LIMIT %s
         )
         UPDATE leasecast_message AS m
-        SET state = 1, deliveries = m.deliveries + 1, lease_token = %s,
+        SET state = 1, deliveries = m.deliveries + 1, lease_token = %s, leased_at = %s,
             visible_at = CASE WHEN m.expires_at < %s THEN m.expires_at ELSE %s END
         FROM picked WHERE m.id = picked.id
         RETURNING m.id, m.body, m.deliveries, m."group", m.priority, m.visible_at
@@ -243,7 +275,7 @@ class _Postgres(Dialect):
     def lease(
         self, run: Run, queue_id: int, n: int, now: float, lease_end: float, token: int
     ) -> list[Sequence[Any]]:
-        params = (queue_id, n, queue_id, now, n, n, token, lease_end, lease_end)
+        params = (queue_id, n, queue_id, now, n, n, token, now, lease_end, lease_end)
         rows: list[Sequence[Any]] = run(self._LEASE, params).fetchall()
         return rows
 
@@ -272,7 +304,7 @@ class _Postgres(Dialect):
             "DELETE FROM leasecast_message WHERE id = ANY(%s::bigint[]) AND state = 1 "
             "AND visible_at > %s AND (expires_at IS NULL OR expires_at > %s) "
             "AND (id, lease_token) IN (SELECT * FROM unnest(%s::bigint[], %s::bigint[])) "
-            'RETURNING id, lease_token, queue_id, "group"'
+            'RETURNING id, lease_token, queue_id, "group", leased_at'
         )
         rows: list[Sequence[Any]] = run(sql, (ids, now, now, ids, tokens)).fetchall()
         return rows

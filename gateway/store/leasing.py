@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
+from dataclasses import replace
 
 from gateway.core.errors import StaleReceipt
 from gateway.core.leases import (
     format_receipt,
     lease_outcome,
+    lease_seconds_bucket,
     parse_receipt,
     release_state,
 )
+from gateway.core.queue_limits import Allowance, Bucket, allowance
 from gateway.store import tasks
 from gateway.store.enqueue import enqueue
 from gateway.store.expiry import dead_letter_ids, expire
@@ -32,9 +35,11 @@ from gateway.store.ops import (
     Nack,
     Release,
 )
-from gateway.store.txn import Txn
+from gateway.store.txn import QueueRow, Txn
 
 __all__ = [
+    "LEASE_SECONDS",
+    "LEASE_SECONDS_SUM",
     "ack",
     "ack_plain",
     "extend",
@@ -45,6 +50,13 @@ __all__ = [
 ]
 
 _ACK_CHUNK = 500
+#: Queue counters of the lease-length histogram (``leasecast_queue_lease_seconds``):
+#: acks per bucket (the label), and the sum of their lengths in milliseconds.
+LEASE_SECONDS = "lease_seconds"
+LEASE_SECONDS_SUM = "lease_seconds_sum_ms"
+#: Seconds after which a pump waiting on a paused queue looks again, at least
+#: (a resume on this process, or by NOTIFY, wakes it sooner).
+PAUSED_RECHECK = 1.0
 _STALE = "the receipt is not a current lease (acked, expired or redelivered)"
 #: A lease is current while its timeout and its message's ttl both lie ahead.
 _CURRENT = (
@@ -53,13 +65,25 @@ _CURRENT = (
 
 
 def lease(txn: Txn, op: Lease) -> LeaseResult:
-    """Lease up to ``op.n`` messages, dead-lettering those past ``max_deliveries``."""
+    """Lease up to ``op.n`` messages, dead-lettering those past ``max_deliveries``.
+
+    A paused queue leases nothing; a limited one at most what its
+    ``max_in_flight`` and token bucket allow, counted in this transaction
+    (:func:`_allowance`), so no number of processes can exceed them.
+    """
     q = txn.queue(op.queue, create=True)
     expire(txn, q)
     now = txn.now
     timeout = op.visibility_timeout or q.settings.visibility_timeout
     result = LeaseResult()
+    limits: Allowance | None = None
     wanted = op.n
+    if q.settings.paused or q.settings.limited:
+        limits = _allowance(txn, q, op.n)
+        if limits is None:  # paused: look again when the settings may have changed
+            result.next_due = now + max(PAUSED_RECHECK, txn.queues.ttl)
+            return result
+        wanted = limits.n
     while wanted > 0:
         token = secrets.randbits(62)
         rows = txn.dialect.lease(txn.exec, q.id, wanted, now, now + timeout, token)
@@ -100,6 +124,16 @@ def lease(txn: Txn, op: Lease) -> LeaseResult:
         asked, wanted = wanted, wanted - (len(rows) - len(dead))
         if len(rows) < asked:
             break  # the queue ran dry; otherwise refill what was dead-lettered
+    limit_due: float | None = None
+    if limits is not None:
+        leased = len(result.delivered)
+        bucket = limits.spent(leased)
+        if bucket is not None:
+            txn.exec(
+                "UPDATE leasecast_queue SET rate_tokens = %s, rate_refilled_at = %s WHERE id = %s",
+                (bucket.tokens, bucket.refilled_at, q.id),
+            )
+        limit_due = limits.wake_at(leased, op.n)
     if len(result.delivered) < op.n:
         due = txn.exec(
             "SELECT MIN(visible_at) FROM leasecast_message WHERE queue_id = %s AND state IN (1, 3)",
@@ -110,9 +144,59 @@ def lease(txn: Txn, op: Lease) -> LeaseResult:
             "WHERE queue_id = %s AND expires_at IS NOT NULL",
             (q.id,),
         ).fetchone()[0]
-        times = [t for t in (due, expiring) if t is not None]
+        times = [t for t in (due, expiring, limit_due) if t is not None]
         result.next_due = min(times) if times else None
     return result
+
+
+def _allowance(txn: Txn, q: QueueRow, wanted: int) -> Allowance | None:
+    """How many messages this round may lease under ``q``'s limits; None if paused.
+
+    Reads the queue's control row afresh (locked until the commit on
+    PostgreSQL, ``Dialect.control``), so a resume or a new limit stored by any
+    process counts here at once, and counts the queue's leases in flight after
+    the lock, so every lease committed before it is seen.
+    """
+    row = txn.dialect.control(txn.exec, q.id)
+    if row is None:
+        return Allowance(wanted, None, 0.0, False, txn.now)
+    paused, max_in_flight, rate_limit, rate_burst, tokens, refilled_at = row
+    # The fresh values replace the cached ones on this process.
+    q.settings = replace(
+        q.settings,
+        paused=bool(paused),
+        max_in_flight=max_in_flight,
+        rate_limit=rate_limit,
+        rate_burst=rate_burst,
+    )
+    txn.queues.note_control(q)
+    settings = q.settings
+    if settings.paused:
+        return None
+    in_flight = 0
+    if settings.max_in_flight > 0:
+        in_flight = txn.dialect.in_flight(txn.exec, q.id, txn.now)
+    return allowance(
+        wanted,
+        now=txn.now,
+        max_in_flight=settings.max_in_flight,
+        in_flight=in_flight,
+        rate=settings.rate_limit,
+        burst=settings.burst,
+        bucket=Bucket(tokens, refilled_at),
+    )
+
+
+def _lease_ended(txn: Txn, queue_id: int, leased_at: float | None, acked: bool) -> None:
+    """A lease of ``queue_id`` ended: observe its length if acked, and wake the
+    queue's workers if it has a ``max_in_flight`` (there is room again)."""
+    if acked and leased_at is not None:
+        seconds = max(0.0, txn.now - leased_at)
+        txn.count(queue_id, LEASE_SECONDS, label=lease_seconds_bucket(seconds))
+        txn.count(queue_id, LEASE_SECONDS_SUM, round(seconds * 1000))
+    name = txn.queues.in_flight_limited(queue_id)
+    if name is not None:
+        txn.woken.add(name)
 
 
 def _parse(receipt: str) -> tuple[int, int]:
@@ -157,13 +241,15 @@ def ack(txn: Txn, op: Ack) -> AckResult:
 def _ack_one(txn: Txn, op: Ack) -> AckResult:
     msg_id, token = _parse(op.receipt)
     row = txn.exec(
-        f'DELETE FROM leasecast_message WHERE id = %s AND {_CURRENT} RETURNING queue_id, "group"',
+        f"DELETE FROM leasecast_message WHERE id = %s AND {_CURRENT} "
+        'RETURNING queue_id, "group", leased_at',
         (msg_id, token, txn.now, txn.now),
     ).fetchone()
     if row is None:
         raise StaleReceipt(_STALE)
     txn.unsettle(row[0], row[1])
     txn.count(row[0], "acked")
+    _lease_ended(txn, row[0], row[2], acked=True)
     if op.task is not None:
         tasks.record(txn, msg_id, op.task)
     return AckResult([])
@@ -183,10 +269,13 @@ def ack_plain(txn: Txn, ops: Sequence[Ack]) -> list[AckResult | StaleReceipt]:
     pairs = list(dict.fromkeys(wanted.values()))
     for start in range(0, len(pairs), _ACK_CHUNK):
         chunk = pairs[start : start + _ACK_CHUNK]
-        for msg_id, token, queue_id, group in txn.dialect.ack_many(txn.exec, chunk, txn.now):
+        for msg_id, token, queue_id, group, leased_at in txn.dialect.ack_many(
+            txn.exec, chunk, txn.now
+        ):
             deleted.add((msg_id, token))
             txn.unsettle(queue_id, group)
             txn.count(queue_id, "acked")
+            _lease_ended(txn, queue_id, leased_at, acked=True)
     for k, pair in wanted.items():
         if pair in deleted:
             deleted.discard(pair)  # a receipt repeated in one batch acks once
@@ -219,6 +308,7 @@ def reject(txn: Txn, receipt: str) -> None:
     )
     txn.unsettle(queue_id, group)
     txn.count(queue_id, "dead_lettered", label="rejected")
+    _lease_ended(txn, queue_id, None, acked=False)
 
 
 def extend(txn: Txn, op: Extend) -> float:

@@ -50,7 +50,10 @@ __all__ = [
     "django_shard",
 ]
 
-_QUEUE_COLUMNS = "id, visibility_timeout, max_deliveries, dedup_window, max_length, overflow"
+_QUEUE_COLUMNS = (
+    "id, visibility_timeout, max_deliveries, dedup_window, max_length, overflow, "
+    "paused, max_in_flight, rate_limit, rate_burst"
+)
 
 
 @dataclass(slots=True)
@@ -76,10 +79,17 @@ class QueueCache:
         self.ttl = ttl
         self._rows: dict[str, QueueRow] = {}
         self._names: dict[int, str] = {}
+        #: queues with a max_in_flight, by id: a lease that ends there wakes
+        #: the workers waiting for room (gateway.store.leasing)
+        self._in_flight_limited: dict[int, str] = {}
 
     def clear(self) -> None:
         """Forget every row (after a failed batch, which may have rolled back a create)."""
         self._rows.clear()
+
+    def in_flight_limited(self, queue_id: int) -> str | None:
+        """The name of queue ``queue_id`` if it has a ``max_in_flight`` (as cached)."""
+        return self._in_flight_limited.get(queue_id)
 
     def name_of(self, txn: Txn, queue_id: int) -> str:
         """The name of a queue, by id."""
@@ -115,12 +125,16 @@ class QueueCache:
         self._insert(txn, name, settings)
         txn.exec(
             "UPDATE leasecast_queue SET visibility_timeout = %s, max_deliveries = %s, "
-            "dedup_window = %s, max_length = %s, overflow = %s WHERE name = %s",
-            (*_settings_row(settings), name),
+            "dedup_window = %s, max_length = %s, overflow = %s, paused = %s, "
+            "max_in_flight = %s, rate_limit = %s, rate_burst = %s WHERE name = %s",
+            (*_settings_row(settings), *_control_row(settings), name),
         )
         found = txn.exec(
             f"SELECT {_QUEUE_COLUMNS} FROM leasecast_queue WHERE name = %s", (name,)
         ).fetchone()
+        # A resumed queue, or one with more room, may lease again: its workers,
+        # here and (by NOTIFY) on other processes, try at once.
+        txn.woken.add(name)
         return self._remember(txn, name, found)
 
     def _insert(self, txn: Txn, name: str, settings: QueueSettings) -> None:
@@ -132,11 +146,30 @@ class QueueCache:
         )
 
     def _remember(self, txn: Txn, name: str, found: Sequence[Any]) -> QueueRow:
-        queue_id, vt, max_deliveries, dedup_window, max_length, overflow = found
-        settings = QueueSettings(vt, max_deliveries, dedup_window, max_length, overflow)
+        queue_id, vt, max_deliveries, dedup_window, max_length, overflow, *control = found
+        paused, max_in_flight, rate_limit, rate_burst = control
+        settings = QueueSettings(
+            vt,
+            max_deliveries,
+            dedup_window,
+            max_length,
+            overflow,
+            paused=bool(paused),  # SQLite stores 0 / 1
+            max_in_flight=max_in_flight,
+            rate_limit=rate_limit,
+            rate_burst=rate_burst,
+        )
         row = self._rows[name] = QueueRow(queue_id, name, settings, txn.now)
         self._names[queue_id] = name
+        self.note_control(row)
         return row
+
+    def note_control(self, row: QueueRow) -> None:
+        """Keep :meth:`in_flight_limited` in step with ``row``'s settings."""
+        if row.settings.max_in_flight > 0:
+            self._in_flight_limited[row.id] = row.name
+        else:
+            self._in_flight_limited.pop(row.id, None)
 
 
 class SavepointLost(Exception):
@@ -146,6 +179,10 @@ class SavepointLost(Exception):
 
 def _settings_row(s: QueueSettings) -> tuple[Any, ...]:
     return (s.visibility_timeout, s.max_deliveries, s.dedup_window, s.max_length, s.overflow)
+
+
+def _control_row(s: QueueSettings) -> tuple[Any, ...]:
+    return (s.paused, s.max_in_flight, s.rate_limit, s.rate_burst)
 
 
 class Txn:
