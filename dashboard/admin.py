@@ -43,13 +43,25 @@ class QueueForm(forms.ModelForm[Queue]):
             "dedup_window",
             "max_length",
             "overflow",
+            "paused",
+            "max_in_flight",
+            "rate_limit",
+            "rate_burst",
         )
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         settings = {
             name: data[name]
-            for name in ("visibility_timeout", "max_deliveries", "dedup_window", "max_length")
+            for name in (
+                "visibility_timeout",
+                "max_deliveries",
+                "dedup_window",
+                "max_length",
+                "max_in_flight",
+                "rate_limit",
+                "rate_burst",
+            )
             if data.get(name) is not None
         }
         try:
@@ -69,11 +81,24 @@ class QueueAdmin(admin.ModelAdmin[Queue]):
         "dedup_window",
         "max_length",
         "overflow",
+        "paused",
+        "max_in_flight",
+        "rate_limit",
         "counts",
     )
+    list_filter = ("paused",)
     search_fields = ("name",)
     readonly_fields = ("created_at",)
     actions = ["purge_queues", "redrive_queues"]
+
+    def save_model(self, request: HttpRequest, obj: Queue, form: Any, change: bool) -> None:
+        if change:
+            # The form's fields only: the token bucket's columns belong to the
+            # lease transactions, which may have written them since the form
+            # was loaded.
+            obj.save(update_fields=list(QueueForm.Meta.fields))
+        else:
+            obj.save()
 
     @admin.display(description="visible / in flight / dead")
     def counts(self, queue: Queue) -> str:
