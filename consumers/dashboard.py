@@ -4,8 +4,9 @@ For an ``admin`` token, a superuser, or a staff user with the permission
 ``gateway.view_queue``; its ``disconnect`` needs ``gateway.change_queue``
 (protocol 1.2: staff is not enough). Every second ``{"op": "snapshot", ...}``
 (the first at once, as in v1): queues (from the database), every process's sockets and topics, the
-alerts, and the history samples the page has not seen (the closed ones since
-the last frame, and the one being filled). Right after the first snapshot,
+alerts, the history samples the page has not seen (the closed ones since
+the last frame, and the one being filled), and the task each worker's leased
+messages carry (``running_tasks``). Right after the first snapshot,
 once, ``{"op": "history", ...}``: the last 15 minutes of rates this process
 kept (``dashboard.live.RateHistory``). History comes second so that a client
 of the v1 socket, which expects a snapshot first, still gets one.
@@ -17,6 +18,7 @@ import asyncio
 from typing import Any
 
 from channels.db import database_sync_to_async
+from django.db import DatabaseError
 
 from consumers.base import GatewaySocket
 from dashboard.live import INTERVAL, Exchange, alerts
@@ -29,6 +31,7 @@ from gateway.core.wire import (
     encode_snapshot,
 )
 from gateway.host.operations import audit
+from gateway.host.task_operations import tasks_of_messages
 
 __all__ = ["DashboardSocket"]
 
@@ -71,6 +74,7 @@ class DashboardSocket(GatewaySocket):
             if fresh:
                 sent = fresh[-1]["t"] + 1
             current = history.current()
+            running = await self._running_tasks(processes)
             snapshot = encode_snapshot(
                 queues=queues,
                 processes=processes,
@@ -78,12 +82,27 @@ class DashboardSocket(GatewaySocket):
                 oldest_alert=self.exchange.oldest_alert,
                 samples=[*fresh, *([current] if current else [])],
                 labels=history.dropping_labels(),
+                running_tasks=running,
             )
             self.push(snapshot)
             if kept:
                 self.push(kept)  # once, after the first snapshot
                 kept = ""
             await asyncio.sleep(INTERVAL)
+
+    async def _running_tasks(self, processes: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+        """The task each worker's leased messages carry (the page's worker rows).
+
+        One indexed query a second, and only while some worker holds a lease.
+        """
+        held = [m for p in processes for s in p.get("sockets", ()) for m in s.get("running", ())]
+        if not held:
+            return {}
+        try:
+            found = await database_sync_to_async(tasks_of_messages)(held)
+        except DatabaseError:  # no task table (a project without results): no names
+            return {}
+        return {str(k): v for k, v in found.items()}
 
     def handle(self, frame: ClientFrame) -> None:
         match frame:

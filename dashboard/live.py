@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.conf import gateway_settings
+from gateway.core.leases import parse_receipt
 from gateway.core.wire import CloseCode
 from gateway.engine import Engine
 from gateway.runtime import Runtime
@@ -262,8 +263,27 @@ def process_snapshot(engine: Engine, broadcaster: Broadcaster, figures: Registry
         # enqueued (staged commits and operators' requeues too): gateway.runtime.metrics.
         "counters": figures.queue_counters(),
         "topics": broadcaster.describe_topics(),
-        "sockets": [socket.describe() for socket in engine.sockets],
+        "sockets": [_described(socket) for socket in engine.sockets],
     }
+
+
+#: Messages a worker socket's row lists (what it runs now); a worker with a
+#: prefetch of 1,000 shows its first ones and the count.
+MAX_RUNNING = 20
+
+
+def _described(socket: Any) -> dict[str, Any]:
+    """A socket's own description; a worker's also lists the messages it holds.
+
+    Message ids, not receipts (a receipt is the worker's to settle): the
+    dashboard says which task each worker runs now from them.
+    """
+    described: dict[str, Any] = socket.describe()
+    leases = getattr(socket, "leases", None)
+    if described.get("kind") == "worker" and leases is not None:
+        held = (parse_receipt(r) for r in leases.receipts()[:MAX_RUNNING])
+        described["running"] = [p[0] for p in held if p is not None]
+    return described
 
 
 class Exchange:

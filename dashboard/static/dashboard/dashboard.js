@@ -10,6 +10,12 @@ const PAGE = 50; // rows per table page: 1,000 sockets draw 50 rows, not 1,000
 const QUEUE_SERIES = ["enqueued", "acked", "redelivered", "dead_lettered"];
 const TOPIC_SERIES = ["published", "delivered", "dropped"];
 const HEAT_ROWS = 40; // consumers shown in the heatmap, worst first
+// What this user may do (the page shows no control it cannot use; the API
+// refuses them anyway): gateway.change_queue, publishing, and whether the
+// gateway has the queue's cancel endpoint.
+const CAN_CHANGE = document.body.hasAttribute("data-can-change");
+const CAN_PUBLISH = document.body.hasAttribute("data-can-publish");
+const CANCEL_AVAILABLE = document.body.hasAttribute("data-cancel-available");
 
 const state = {
   bucket: 5,
@@ -17,7 +23,8 @@ const state = {
   samples: [], // [{t, queues: {q: [4]}, topics: {t: [3]}, consumers: {key: ratio}}], oldest first
   labels: {}, // consumer key -> {process, socket, topic, client, policy}
   snapshot: null,
-  pages: { queues: 0, topics: 0, sockets: 0 },
+  pages: { queues: 0, topics: 0, sockets: 0, tasks: 0, workers: 0 },
+  tasks: { status: "", name: "", page: null, seq: 0 },
   browser: { queue: null, state: "visible", after: null, pageNo: 1, messages: [] },
 };
 // Scripting time of each render (ms), newest last: the browser tests and
@@ -87,11 +94,14 @@ function csrfToken() {
   return match ? decodeURIComponent(match[1]) : "";
 }
 
-async function api(method, path) {
+async function api(method, path, data) {
+  const headers = { "X-CSRFToken": csrfToken() };
+  if (data !== undefined) headers["Content-Type"] = "application/json";
   const response = await fetch(path, {
     method,
-    headers: { "X-CSRFToken": csrfToken() },
+    headers,
     credentials: "same-origin",
+    body: data === undefined ? undefined : JSON.stringify(data),
   });
   let body = {};
   try { body = await response.json(); } catch (e) { body = { error: "bad_response", detail: String(e) }; }
@@ -352,19 +362,22 @@ function renderQueues(snapshot) {
   syncRows(document.querySelector("#queues tbody"), queues.slice(from, from + PAGE), (q) => q.name,
     (q) => {
       const tr = el("tr", { tabindex: "0", "data-queue": q.name, title: "Enter: browse its messages" },
-        el("td", { class: "name" }, q.name),
+        el("td", { class: "name" }, el("span", {}, q.name), el("span", { class: "limits muted" })),
         el("td", { class: "num visible" }), el("td", { class: "num" }), el("td", { class: "num" }),
         el("td", { class: "num dead" }),
         el("td", {}, svgEl("svg", { class: "spark", viewBox: "0 0 100 20", preserveAspectRatio: "none" })),
         el("td", { class: "num" }), el("td", { class: "num" }), el("td", { class: "num" }), el("td", { class: "num" }),
         el("td", { class: "num" }),
         el("td", { class: "actions" }, el("span", { class: "buttons" },
-          el("button", { type: "button", class: "browse" }, "browse"),
-          el("button", { type: "button", class: "danger purge" }, "purge"),
-          el("button", { type: "button", class: "redrive" }, "redrive"))));
+          el("button", { type: "button", class: "browse" }, "browse"))));
+      if (CAN_CHANGE) {
+        const buttons = tr.querySelector(".buttons");
+        buttons.append(
+          el("button", { type: "button", class: "pause", onclick: () => togglePause(tr.item) }, "pause"),
+          el("button", { type: "button", class: "danger purge", onclick: () => queueAction(tr.item.name, "purge") }, "purge"),
+          el("button", { type: "button", class: "redrive", onclick: () => queueAction(tr.item.name, "redrive") }, "redrive"));
+      }
       tr.querySelector(".browse").addEventListener("click", () => openBrowser(tr.item.name));
-      tr.querySelector(".purge").addEventListener("click", () => queueAction(tr.item.name, "purge"));
-      tr.querySelector(".redrive").addEventListener("click", () => queueAction(tr.item.name, "redrive"));
       tr.addEventListener("keydown", (event) => {
         if (event.key === "Enter" && event.target === tr) openBrowser(tr.item.name);
       });
@@ -380,7 +393,38 @@ function renderQueues(snapshot) {
       setText(c[10], ago(q.oldest_visible_age));
       const old = (q.oldest_visible_age || 0) > (snapshot.oldest_alert || Infinity);
       tr.classList.toggle("hot", old);
+      setText(c[0].lastChild, queueLimits(q));
+      tr.classList.toggle("paused", q.paused === true);
+      const pause = tr.querySelector("button.pause");
+      if (pause) {
+        // A gateway whose queue document has no "paused" cannot pause: say so.
+        const known = typeof q.paused === "boolean";
+        pause.disabled = !known;
+        setText(pause, q.paused ? "resume" : "pause");
+        pause.title = known ? "" : "pause is not available on this gateway";
+      }
     });
+}
+
+function queueLimits(q) {
+  // Paused, and the limits that are set (0 is none): shown under the name.
+  const parts = [];
+  if (q.paused) parts.push("paused");
+  if (q.max_in_flight) parts.push(`max ${num(q.max_in_flight)} in flight`);
+  if (q.rate_limit) parts.push(`${num(q.rate_limit, 2)}/s${q.rate_burst ? ` (burst ${num(q.rate_burst)})` : ""}`);
+  return parts.join(" · ");
+}
+
+async function togglePause(q) {
+  const paused = !q.paused;
+  const what = paused
+    ? `Pause "${q.name}"? Its workers stay connected but get no new message until it is resumed.`
+    : `Resume "${q.name}"?`;
+  if (!window.confirm(what)) return;
+  const { ok, body } = await api("PATCH", queuePath(q.name), { paused });
+  if (!ok) window.alert(`${paused ? "Pause" : "Resume"} of ${q.name} failed: ${body.error}: ${body.detail}`);
+  else q.paused = body.paused;  // the next snapshot says the same
+  renderAll();
 }
 
 async function queueAction(queue, action) {
@@ -447,10 +491,12 @@ async function loadMessages() {
     const body = JSON.stringify(m.body);
     const short = clip(body, 160);
     const buttons = el("span", { class: "buttons" });
-    if (m.state === "dead" || m.state === "in_flight") {
+    if (CAN_CHANGE && (m.state === "dead" || m.state === "in_flight")) {
       buttons.append(el("button", { type: "button", class: "requeue", onclick: () => messageAction("requeue", m) }, "requeue"));
     }
-    buttons.append(el("button", { type: "button", class: "danger delete", onclick: () => messageAction("delete", m) }, "delete"));
+    if (CAN_CHANGE) {
+      buttons.append(el("button", { type: "button", class: "danger delete", onclick: () => messageAction("delete", m) }, "delete"));
+    }
     const actions = el("td", { class: "actions" }, buttons);
     const timed = m.visible_in !== null ? `in ${ago(Math.max(0, m.visible_in))}` : m.expires_in !== null ? `expires ${ago(m.expires_in)}` : "—";
     return el("tr", { "data-id": m.id, "data-state": m.state },
@@ -509,7 +555,7 @@ function setupBrowser() {
     });
   }
   document.getElementById("browser-refresh").addEventListener("click", () => loadMessages());
-  document.getElementById("browser-redrive").addEventListener("click", () => queueAction(state.browser.queue, "redrive"));
+  document.getElementById("browser-redrive")?.addEventListener("click", () => queueAction(state.browser.queue, "redrive"));
   document.getElementById("browser-close").addEventListener("click", () => {
     document.getElementById("browser").hidden = true;
     state.browser.queue = null;
@@ -578,8 +624,12 @@ function renderSockets(snapshot) {
         el("td", { class: "principal" }, el("span", { class: "clip", title: s.principal || "" }, s.principal || "")),
         el("td", {}, new Date(s.connected_at * 1000).toLocaleTimeString()),
         el("td", { class: "state" }), el("td", { class: "moved" }), el("td", { class: "num wrap" }), el("td", { class: "num" }),
-        el("td", { class: "actions" }, el("span", { class: "buttons" }, el("button", { type: "button", class: "danger" }, "disconnect"))));
-      tr.querySelector("button").addEventListener("click", () => disconnect(tr.item.process, tr.item.id));
+        el("td", { class: "actions" }, el("span", { class: "buttons" })));
+      if (CAN_CHANGE) {
+        tr.querySelector(".buttons").append(el("button", {
+          type: "button", class: "danger", onclick: () => disconnect(tr.item.process, tr.item.id),
+        }, "disconnect"));
+      }
       return tr;
     },
     (tr, s) => {
@@ -613,6 +663,338 @@ function renderEmptyHint(snapshot) {
   document.getElementById("empty-hint").hidden = used;
 }
 
+// -- workers: what each connected worker runs now ----------------------------------
+
+function renderWorkers(snapshot) {
+  const rows = [];
+  for (const process of snapshot.processes) {
+    for (const s of process.sockets) if (s.kind === "worker") rows.push({ ...s, process: process.name });
+  }
+  // Busy workers first, then by queue.
+  rows.sort((a, b) => b.leases - a.leases || String(a.queue).localeCompare(String(b.queue)));
+  setText(document.getElementById("worker-count"), rows.length);
+  const tasks = snapshot.running_tasks || {};
+  const from = pager("workers", rows.length, renderAll);
+  const shown = rows.slice(from, from + PAGE);
+  syncRows(document.querySelector("#worker-table tbody"), shown.length ? shown : [{ none: true }],
+    (w) => (w.none ? "none" : `${w.process}\u0000${w.id}`),
+    (w) => {
+      if (w.none) return el("tr", {}, el("td", { colspan: "7", class: "muted" }, "No worker is connected."));
+      return el("tr", { tabindex: "0", "data-queue": w.queue, "data-socket": w.id },
+        el("td", {}, el("span", { class: "tag" }, w.process)), el("td", { class: "name" }, w.queue),
+        el("td", { class: "client" }, el("span", { class: "clip", title: w.client }, w.client)),
+        el("td", { class: "principal" }, el("span", { class: "clip", title: w.principal || "" }, w.principal || "")),
+        el("td", { class: "num" }), el("td", { class: "running" }), el("td", { class: "num" }));
+    },
+    (tr, w) => {
+      if (w.none) return;
+      const c = tr.cells;
+      setText(c[4], `${num(w.leases)} / ${num(w.prefetch)}`);
+      setText(c[6], num(w.acked));
+      const running = (w.running || []).map((id) => {
+        const task = tasks[String(id)];
+        return task ? `${task.task} (${task.id.slice(0, 8)}, message ${id})` : `message ${id}`;
+      });
+      const more = w.leases > running.length ? ` and ${num(w.leases - running.length)} more` : "";
+      setText(c[5], running.length ? running.join(", ") + more : "idle");
+      c[5].classList.toggle("muted", running.length === 0);
+    });
+}
+
+// -- tasks ---------------------------------------------------------------------------
+
+const TASK_PAGE = 50;
+
+function taskNotice(text, kind = "ok") {
+  const p = document.getElementById("task-notice");
+  p.className = `notice ${kind}`;
+  p.textContent = text;
+}
+
+function short(value, n = 120) {
+  return clip(value === undefined ? "" : JSON.stringify(value), n);
+}
+
+function argumentsText(t) {
+  const args = (t.args || []).map((a) => JSON.stringify(a));
+  for (const [k, v] of Object.entries(t.kwargs || {})) args.push(`${k}=${JSON.stringify(v)}`);
+  return args.join(", ");
+}
+
+function outcomeOf(t) {
+  // The whole result or last error for the details, and a line for the cell.
+  if (t.status === "SUCCESSFUL") return { line: short(t.return_value), full: JSON.stringify(t.return_value, null, 2) };
+  const last = (t.errors || [])[t.errors.length - 1];
+  if (!last) return { line: "", full: "" };
+  const lines = String(last.traceback || "").trim().split("\n");
+  return {
+    line: clip(`${last.exception_class_path}: ${lines[lines.length - 1] || ""}`, 160),
+    full: (t.errors || []).map((e, i) => `attempt ${i + 1}: ${e.exception_class_path}\n${e.traceback}`).join("\n\n"),
+  };
+}
+
+function tasksUrl() {
+  const t = state.tasks;
+  const params = new URLSearchParams({ offset: String(state.pages.tasks * TASK_PAGE), limit: String(TASK_PAGE) });
+  if (t.status) params.set("status", t.status);
+  if (t.name) params.set("name", t.name);
+  return `/api/tasks?${params}`;
+}
+
+async function loadTasks() {
+  const t = state.tasks;
+  const seq = (t.seq += 1);
+  const { ok, body } = await api("GET", tasksUrl());
+  if (seq !== t.seq) return;  // a later filter or page was asked for meanwhile
+  if (!ok) {
+    taskNotice(`Could not list tasks: ${body.error}: ${body.detail}`, "bad");
+    return;
+  }
+  t.page = body;
+  renderTasks();
+}
+
+function renderTasks() {
+  const t = state.tasks;
+  const page = t.page;
+  if (!page) return;
+  for (const button of document.querySelectorAll("#task-states button")) {
+    const status = button.dataset.status;
+    button.setAttribute("aria-pressed", String(status === t.status));
+    const n = status ? page.counts[status] || 0 : Object.values(page.counts).reduce((a, b) => a + b, 0);
+    setText(button.querySelector(".n"), num(n));
+  }
+  setText(document.getElementById("task-count"), num(page.total));
+  const box = document.querySelector('.pager[data-table="tasks"]');
+  const pages = Math.max(1, Math.ceil(page.total / TASK_PAGE));
+  if (!box.firstChild) {
+    const prev = el("button", { type: "button", class: "prev", "aria-label": "previous page of tasks" }, "‹");
+    const next = el("button", { type: "button", class: "next", "aria-label": "next page of tasks" }, "›");
+    prev.addEventListener("click", () => { state.pages.tasks = Math.max(0, state.pages.tasks - 1); loadTasks(); });
+    next.addEventListener("click", () => { state.pages.tasks += 1; loadTasks(); });
+    box.append(prev, el("span", { class: "where" }), next);
+  }
+  setText(box.querySelector(".where"), `${state.pages.tasks + 1} / ${pages}`);
+  box.querySelector(".prev").disabled = state.pages.tasks === 0;
+  box.querySelector(".next").disabled = state.pages.tasks >= pages - 1;
+  box.hidden = pages === 1;
+  const items = page.tasks.length ? page.tasks : [{ none: true }];
+  syncRows(document.querySelector("#task-table tbody"), items, (x) => (x.none ? "none" : x.id),
+    (x) => {
+      if (x.none) {
+        return el("tr", {}, el("td", { colspan: "10", class: "muted" },
+          t.status || t.name ? "No task matches." : "No task result yet: tasks enqueued through gateway.tasks.LeasecastBackend appear here."));
+      }
+      const details = el("details", {}, el("summary", {}), el("pre", {}));
+      const tr = el("tr", { tabindex: "0", "data-id": x.id },
+        el("td", {}, el("span", { class: "status" })),
+        el("td", { class: "task" }, el("span", {}), el("span", { class: "module muted" })),
+        el("td", { class: "name" }),
+        el("td", { class: "body" }, el("code", {})),
+        el("td", { class: "num" }), el("td", { class: "num" }), el("td", { class: "num" }),
+        el("td", { class: "client" }, el("span", { class: "clip" })),
+        el("td", { class: "outcome" }, details),
+        el("td", { class: "actions" }, el("span", { class: "buttons" })));
+      return tr;
+    },
+    (tr, x) => {
+      if (x.none) return;
+      const c = tr.cells;
+      tr.dataset.status = x.status;
+      const badge = c[0].firstChild;
+      badge.className = `status ${x.status.toLowerCase()}`;
+      setText(badge, x.status);
+      // The function's name first, its module under it: both wrap at dots.
+      const dot = x.task.lastIndexOf(".");
+      setText(c[1].firstChild, x.task.slice(dot + 1));
+      setText(c[1].lastChild, dot > 0 ? x.task.slice(0, dot) : "");
+      c[1].title = x.task;
+      setText(c[2], x.queue);
+      const args = argumentsText(x);
+      setText(c[3].firstChild, clip(args, 120));
+      c[3].firstChild.title = args.slice(0, 4000);
+      setText(c[4], num(x.attempts));
+      setText(c[5], `${ago(Math.max(0, Date.now() / 1000 - x.enqueued_at))} ago`);
+      setText(c[6], x.runtime === null ? "—" : ago(x.runtime));
+      const holder = x.held_by ? `${x.held_by.client} (socket ${x.held_by.socket} on ${x.held_by.process})` : "";
+      const worker = holder || x.worker || "—";
+      setText(c[7].firstChild, worker);
+      c[7].firstChild.title = worker;
+      const outcome = outcomeOf(x);
+      const details = c[8].firstChild;
+      setText(details.firstChild, outcome.line || "—");
+      setText(details.lastChild, outcome.full);
+      details.classList.toggle("empty", !outcome.full);
+      const buttons = c[9].firstChild;
+      const want = !CAN_CHANGE ? "" : x.status === "FAILED" ? "retry" : x.status === "READY" || x.status === "RUNNING" ? "cancel" : "";
+      if (buttons.dataset.want !== want) {
+        buttons.dataset.want = want;
+        buttons.replaceChildren();
+        if (want === "retry") {
+          buttons.append(el("button", { type: "button", class: "retry", onclick: () => retryTask(tr.item) }, "retry"));
+        } else if (want === "cancel") {
+          const cancel = el("button", { type: "button", class: "danger cancel", onclick: () => cancelTask(tr.item) },
+            CANCEL_AVAILABLE ? "cancel" : "cancel (unavailable)");
+          if (!CANCEL_AVAILABLE) {
+            cancel.disabled = true;
+            cancel.title = "This gateway has no cancel endpoint (POST /api/queues/Q/messages/ID/cancel) yet.";
+          }
+          buttons.append(cancel);
+        }
+      }
+    });
+}
+
+async function retryTask(task) {
+  if (!window.confirm(`Retry task ${task.task} (${task.id})? It runs again under the same id, on queue "${task.queue}".`)) return;
+  const { ok, body } = await api("POST", `/api/tasks/${encodeURIComponent(task.id)}/retry`);
+  if (ok) taskNotice(`Retried task ${task.id}: ${body.how === "requeued" ? "its dead message is" : "a new message is"} on ${body.queue} (message ${body.message_id}).`, "ok");
+  else taskNotice(`Retry of task ${task.id} failed: ${body.error}: ${body.detail}`, "bad");
+  return loadTasks();
+}
+
+async function cancelTask(task) {
+  if (!CANCEL_AVAILABLE) return;
+  if (!window.confirm(`Cancel task ${task.task} (${task.id})? Its message is dead-lettered; a worker running it is told to stop.`)) return;
+  const path = `${queuePath(task.queue)}/messages/${encodeURIComponent(task.message_id)}/cancel`;
+  const { status, ok, body } = await api("POST", path);
+  if (status === 404) taskNotice(`Task ${task.id} has no message any more (it finished meanwhile). Nothing was changed.`, "warn");
+  else if (!ok) taskNotice(`Cancel of task ${task.id} failed: ${body.error}: ${body.detail}`, "bad");
+  else if (body.cancelled === 0) taskNotice(`Task ${task.id}'s message was already dead. Nothing was changed.`, "warn");
+  else taskNotice(`Cancelled task ${task.id}.`, "ok");
+  return loadTasks();
+}
+
+function setupTasks() {
+  for (const button of document.querySelectorAll("#task-states button")) {
+    button.addEventListener("click", () => {
+      state.tasks.status = button.dataset.status;
+      state.pages.tasks = 0;
+      taskNotice("");
+      loadTasks();
+    });
+  }
+  let typing = null;
+  document.getElementById("task-filter").addEventListener("input", (event) => {
+    clearTimeout(typing);
+    typing = setTimeout(() => {
+      state.tasks.name = event.target.value.trim();
+      state.pages.tasks = 0;
+      loadTasks();
+    }, 250);
+  });
+  document.getElementById("task-refresh").addEventListener("click", () => loadTasks());
+  loadTasks();
+  // A page in a background tab asks nothing.
+  setInterval(() => { if (document.visibilityState === "visible") loadTasks(); }, 5000);
+}
+
+// -- schedules: shown when the gateway answers GET /api/schedules ---------------------
+
+function when(iso) {
+  if (!iso) return "—";
+  const t = Date.parse(iso);
+  if (Number.isNaN(t)) return String(iso);
+  const seconds = (t - Date.now()) / 1000;
+  return seconds >= 0 ? `in ${ago(seconds)}` : `${ago(-seconds)} ago`;
+}
+
+async function loadSchedules() {
+  const { ok, body } = await api("GET", "/api/schedules");
+  const section = document.getElementById("schedules");
+  if (!ok || !Array.isArray(body.schedules)) {
+    section.hidden = true;  // no schedules on this gateway (or not for this user)
+    return;
+  }
+  section.hidden = false;
+  const list = body.schedules;
+  setText(document.getElementById("schedule-count"), list.length);
+  syncRows(document.querySelector("#schedule-table tbody"), list.length ? list : [{ none: true }],
+    (x) => (x.none ? "none" : x.name),
+    (x) => (x.none
+      ? el("tr", {}, el("td", { colspan: "7", class: "muted" }, "No schedule."))
+      : el("tr", { tabindex: "0", "data-schedule": x.name },
+        el("td", { class: "name" }, x.name), el("td", { class: "name" }), el("td", {}),
+        el("td", { class: "num" }), el("td", { class: "num" }), el("td", { class: "num" }), el("td", {}))),
+    (tr, x) => {
+      if (x.none) return;
+      const c = tr.cells;
+      const task = x.body && typeof x.body === "object" && typeof x.body.task === "string" ? x.body.task : null;
+      setText(c[1], task ? `${x.queue} · ${task}` : x.queue);
+      const rule = x.cron ? `cron ${x.cron}` : `every ${num(x.every)} s`;
+      setText(c[2], x.timezone && x.timezone !== "UTC" ? `${rule} (${x.timezone})` : rule);
+      setText(c[3], x.enabled ? when(x.next_tick) : "—");
+      c[3].title = x.next_tick || "";
+      setText(c[4], when(x.last_tick));
+      c[4].title = x.last_tick || "";
+      setText(c[5], num(x.fired));
+      setText(c[6], x.enabled ? "enabled" : "disabled");
+      tr.classList.toggle("off", !x.enabled);
+    });
+}
+
+// -- forms: create a queue, publish a message ------------------------------------------
+
+const NAME = /^[A-Za-z0-9._-]{1,200}$/;
+
+function formNotice(form, text, kind) {
+  const p = form.querySelector(".notice");
+  p.className = `notice ${kind}`;
+  p.textContent = text;
+}
+
+function parseJson(text, what) {
+  // A clear message for what people type: a bare word is not JSON.
+  try {
+    return { value: JSON.parse(text) };
+  } catch (e) {
+    return { error: `${what} is not JSON (${e.message}). A string needs its quotes: "hello".` };
+  }
+}
+
+function setupForms() {
+  const create = document.getElementById("create-queue");
+  create?.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const name = create.elements.name.value.trim();
+    const raw = create.elements.settings.value.trim();
+    if (!NAME.test(name)) {
+      formNotice(create, `"${clip(name, 60)}" is no queue name: 1-200 characters of letters, digits, ".", "_" and "-".`, "bad");
+      return;
+    }
+    let settings = {};
+    if (raw) {
+      const parsed = parseJson(raw, "The settings");
+      if (parsed.error) return formNotice(create, parsed.error, "bad");
+      if (!parsed.value || typeof parsed.value !== "object" || Array.isArray(parsed.value)) {
+        return formNotice(create, "The settings must be a JSON object, e.g. {\"max_deliveries\": 5}.", "bad");
+      }
+      settings = parsed.value;
+    }
+    const before = await api("GET", queuePath(name));
+    const { ok, body } = await api("PATCH", queuePath(name), settings);
+    if (!ok) return formNotice(create, `Not created: ${body.error}: ${body.detail}`, "bad");
+    formNotice(create, before.status === 404 ? `Created queue ${name}.` : `Queue ${name} already existed; its settings are applied.`, "ok");
+    create.elements.name.value = "";
+  });
+  const publish = document.getElementById("publish");
+  publish?.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const topic = publish.elements.topic.value.trim();
+    const raw = publish.elements.body.value.trim();
+    if (!NAME.test(topic)) {
+      formNotice(publish, `"${clip(topic, 60)}" is no topic name: 1-200 characters of letters, digits, ".", "_" and "-".`, "bad");
+      return;
+    }
+    if (!raw) return formNotice(publish, "Write a body: any JSON value.", "bad");
+    const parsed = parseJson(raw, "The body");
+    if (parsed.error) return formNotice(publish, parsed.error, "bad");
+    const { ok, body } = await api("POST", `/api/topics/${encodeURIComponent(topic)}/messages`, { messages: [{ body: parsed.value }] });
+    if (!ok) return formNotice(publish, `Not published: ${body.error}: ${body.detail}`, "bad");
+    formNotice(publish, `Published 1 message to ${topic}.`, "ok");
+  });
+}
+
 // -- the loop --------------------------------------------------------------------
 
 function renderAll() {
@@ -627,6 +1009,7 @@ function renderAll() {
   renderAlerts(snapshot);
   renderHeatmap();
   renderQueues(snapshot);
+  renderWorkers(snapshot);
   renderTopics(snapshot);
   renderSockets(snapshot);
   const times = window.leasecastRenderTimes;
@@ -682,4 +1065,8 @@ for (const id of ["queue-filter", "socket-filter"]) {
   document.getElementById(id).addEventListener("input", () => { state.pages.queues = 0; state.pages.sockets = 0; renderAll(); });
 }
 setupBrowser();
+setupTasks();
+setupForms();
+loadSchedules();
+setInterval(() => { if (document.visibilityState === "visible") loadSchedules(); }, 10000);
 connect();
