@@ -28,18 +28,22 @@ from gateway.conf import GatewaySettings, gateway_settings
 from gateway.core.errors import Forbidden, Invalid, ProtocolError, Unavailable
 from gateway.core.protocol import (
     REFRESH_OP,
+    SUBSCRIPTION_OPS,
     ClientFrame,
     EnqueueFrame,
     EnqueueManyFrame,
     PublishFrame,
     RefreshFrame,
+    SubscriptionFrame,
     decode_object,
     parse_frame,
     parse_refresh,
+    parse_subscription_frame,
     read_ref,
 )
 from gateway.core.ratelimit import TokenLimiter
 from gateway.core.scopes import Action, Principal
+from gateway.core.subscribe import SubscribeOptions
 from gateway.core.wire import (
     CloseCode,
     Ref,
@@ -54,6 +58,7 @@ from gateway.runtime import Runtime, current_runtime
 from gateway.server.transport import transport_flow
 from gateway.store import Enqueue, EnqueueResult, Result
 from gateway.topics.broadcast import Published
+from gateway.topics.subscription import TopicSubscription
 
 __all__ = [
     "GatewaySocket",
@@ -239,18 +244,28 @@ class GatewaySocket(AsyncWebsocketConsumer):
         charged = False
         try:
             obj = decode_object(text_data)
-            frame: ClientFrame | RefreshFrame
-            if obj.get("op") == REFRESH_OP:
+            frame: ClientFrame | RefreshFrame | SubscriptionFrame
+            op = obj.get("op")
+            if op == REFRESH_OP:
                 # Every socket kind takes refresh (protocol 1.1: token
                 # lifetime), so it is handled here, whatever the subclass's ops.
                 frame = parse_refresh(obj)
+            elif op in SUBSCRIPTION_OPS and op in self.ops:
+                # subscribe / unsubscribe: the multiplexed socket's own frames.
+                frame = parse_subscription_frame(obj)
             else:
                 frame = parse_frame(obj, self.ops, self._limits)
             if self._rated:
                 charged = True
-                self._charge(1 if isinstance(frame, RefreshFrame) else frame_cost(frame))
+                self._charge(
+                    frame_cost(frame)
+                    if not isinstance(frame, RefreshFrame | SubscriptionFrame)
+                    else 1
+                )
             if isinstance(frame, RefreshFrame):
                 self.refresh(frame)
+            elif isinstance(frame, SubscriptionFrame):
+                self.handle_subscription(frame)
             else:
                 self.handle(frame)
         except RateLimited as exc:
@@ -281,6 +296,27 @@ class GatewaySocket(AsyncWebsocketConsumer):
     def handle(self, frame: ClientFrame) -> None:
         """Act on one parsed frame (raise ProtocolError to answer with an error)."""
         raise NotImplementedError
+
+    def handle_subscription(self, frame: SubscriptionFrame) -> None:
+        """Act on ``subscribe`` / ``unsubscribe`` (only sockets with those ``ops``)."""
+        raise NotImplementedError
+
+    def subscribe(self, topic: str, options: SubscribeOptions) -> TopicSubscription:
+        """A subscription to ``topic`` for this socket's caller, not prepared yet.
+
+        Presence lists the caller as the signed token's ``sub``, the stored
+        token's name or the session user's username, with the signed token's
+        ``info`` claim (protocol 1.2: Presence).
+        """
+        principal = self.principal
+        return TopicSubscription(
+            self.runtime.broadcaster,
+            self.runtime.broadcaster.presence,
+            topic,
+            options,
+            user=principal.subject or principal.name,
+            info=principal.info,
+        )
 
     # -- frames out
 

@@ -61,6 +61,11 @@ class GatewaySettings:
     #: topics with no subscriber a process keeps counters for; beyond it the
     #: least recently published are forgotten at once (ever-new names)
     topic_limit: int = 10_000
+    #: subscriptions one multiplexed socket (``/ws/``) may hold
+    max_subscriptions: int = 1000
+    #: seconds between the comment lines that keep an idle event stream
+    #: (``/sse/``) open through proxies; the protocol promises at most 15
+    sse_keepalive: float = 10.0
     # -- process
     #: allocations between two collections of the garbage collector's youngest
     #: generation in the standalone service (Python's default is 700); 0 leaves
@@ -146,6 +151,8 @@ def gateway_settings() -> GatewaySettings:
         block_wait=_setting("GATEWAY_BLOCK_WAIT", d.block_wait),
         topic_idle=_setting("GATEWAY_TOPIC_IDLE", d.topic_idle),
         topic_limit=_setting("GATEWAY_TOPIC_LIMIT", d.topic_limit),
+        max_subscriptions=_setting("GATEWAY_MAX_SUBSCRIPTIONS", d.max_subscriptions),
+        sse_keepalive=float(_setting("GATEWAY_SSE_KEEPALIVE", d.sse_keepalive)),
         gc_threshold=_setting("GATEWAY_GC_THRESHOLD", d.gc_threshold),
         redis_url=_setting("REDIS_URL", d.redis_url) or "",
         redis_prefix=_setting("GATEWAY_REDIS_PREFIX", d.redis_prefix),

@@ -127,6 +127,10 @@ class Topic(models.Model):
         default=300.0,
         help_text="Seconds a message stays in the history.",
     )
+    presence = models.BooleanField(
+        default=False,
+        help_text="Its subscribers are listed by GET .../presence and told of joins and leaves.",
+    )
     created_at = models.FloatField(default=_now)
 
     class Meta:

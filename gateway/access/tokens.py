@@ -14,6 +14,9 @@ checks the signature and the claims on every use.
   (``GATEWAY_SIGNING_ISSUER``); then a token must carry the same (``aud`` may
   be a list holding it), so a key shared with other services does not make
   their tokens good here.
+- ``info``: optional, a JSON object of at most 1 KiB (compact JSON) that the
+  presence of topics shows beside the subscriber (docs/protocol.md,
+  "Presence"); any other value, or a larger one, and the token is refused.
 
 ``exp`` must be a finite number no more than ``GATEWAY_SIGNING_MAX_TTL``
 seconds (default a day) after now: a token that would live longer, or whose
@@ -44,6 +47,7 @@ from dataclasses import dataclass
 import jwt
 
 from gateway.core.errors import Invalid, Unauthorized
+from gateway.core.presence import check_info
 from gateway.core.scopes import Principal, parse_scopes
 
 __all__ = [
@@ -77,6 +81,8 @@ class SignedClaims:
     sub: str
     exp: float
     scopes: tuple[str, ...]
+    #: the ``info`` claim as compact JSON text, or None
+    info: str | None = None
 
 
 def is_signed_token(secret: str) -> bool:
@@ -105,6 +111,7 @@ def signed_token(
     audience: str | None = None,
     issuer: str | None = None,
     max_ttl: float | None = None,
+    info: dict[str, object] | None = None,
 ) -> str:
     """Mint a signed token for ``sub`` with ``scopes``, valid for ``ttl`` seconds.
 
@@ -121,18 +128,22 @@ def signed_token(
             ``GATEWAY_SIGNING_ISSUER`` setting (none if unset).
         max_ttl: the longest ``ttl`` allowed; by default the
             ``GATEWAY_SIGNING_MAX_TTL`` setting without ``key``, else a day.
+        info: the ``info`` claim: what presence shows about this subscriber
+            (a JSON object of at most 1 KiB).
 
     Returns:
         The token, to send as ``Authorization: Bearer TOKEN`` or ``?token=TOKEN``.
 
     Raises:
         Invalid: an empty or over-long ``sub``, a bad scope, ``ttl`` not above
-            0 or over the maximum, an empty ``audience`` or ``issuer``.
+            0 or over the maximum, an empty ``audience`` or ``issuer``, an
+            ``info`` that is not a JSON object of at most 1 KiB.
         django.core.exceptions.ImproperlyConfigured: no ``key`` and no
             ``GATEWAY_SIGNING_KEY`` setting.
     """
     _check_subject(sub)
     checked = parse_scopes(list(scopes))
+    check_info(info)
     if not isinstance(ttl, int | float) or isinstance(ttl, bool) or not ttl > 0:
         raise Invalid("ttl must be a number of seconds above 0")
     if key is None:
@@ -163,6 +174,8 @@ def signed_token(
         "iat": int(issued),
         "scopes": list(checked),
     }
+    if info is not None:
+        claims["info"] = info
     for name, value in (("aud", audience), ("iss", issuer)):
         if value is not None:
             if not isinstance(value, str) or not value:
@@ -203,7 +216,8 @@ def verify_signed_token(
             missing or of the wrong type; ``exp`` not finite, or more than
             ``max_ttl`` ahead; expired (``now`` at or past ``exp``);
             ``scopes`` not a list of valid scope strings; ``aud`` or ``iss``
-            other than the ``audience`` or ``issuer`` asked for.
+            other than the ``audience`` or ``issuer`` asked for; an ``info``
+            that is not a JSON object of at most 1 KiB.
     """
     if not key:
         # Never check against an empty key: anyone could sign with it.
@@ -254,9 +268,10 @@ def verify_signed_token(
     try:
         sub = _check_subject(claims["sub"])
         scopes = parse_scopes(claims.get("scopes", []))
+        info = check_info(claims.get("info"))
     except Invalid as exc:
         raise Unauthorized(f"signed token with bad claims: {exc.detail[:200]}") from None
-    return SignedClaims(sub=sub, exp=float(exp), scopes=scopes)
+    return SignedClaims(sub=sub, exp=float(exp), scopes=scopes, info=info)
 
 
 def _check_binding(claims: dict[str, object], audience: str | None, issuer: str | None) -> None:
@@ -275,5 +290,9 @@ def _check_binding(claims: dict[str, object], audience: str | None, issuer: str 
 def principal_for_claims(claims: SignedClaims) -> Principal:
     """The caller a signed token stands for: named ``signed:SUB``, with its scopes and expiry."""
     return Principal.from_scopes(
-        f"signed:{claims.sub}", claims.scopes, subject=claims.sub, expires_at=claims.exp
+        f"signed:{claims.sub}",
+        claims.scopes,
+        subject=claims.sub,
+        expires_at=claims.exp,
+        info=claims.info,
     )

@@ -53,6 +53,8 @@ class TopicSettings:
     history_size: int = 0
     #: seconds a message stays in the history
     history_ttl: float = 300.0
+    #: its subscriptions are members of its presence (docs/protocol.md, "Presence")
+    presence: bool = False
 
     def changed(self, changes: dict[str, object]) -> TopicSettings:
         """These settings with ``changes`` applied, every value checked.
@@ -72,15 +74,24 @@ class TopicSettings:
                 values[name] = _check_size(value)
             elif name == "history_ttl":
                 values[name] = _check_ttl(value)
+            elif name == "presence":
+                if not isinstance(value, bool):
+                    raise BadFrame("presence must be true or false")
+                values[name] = value
             else:
                 raise Invalid(
-                    f"unknown topic setting {name[:40]!r}; known: history_size, history_ttl"
+                    f"unknown topic setting {name[:40]!r}; "
+                    "known: history_size, history_ttl, presence"
                 )
         return replace(self, **values)  # type: ignore[arg-type]
 
     def as_json(self) -> dict[str, object]:
         """The settings as they appear in a topic's document."""
-        return {"history_size": self.history_size, "history_ttl": self.history_ttl}
+        return {
+            "history_size": self.history_size,
+            "history_ttl": self.history_ttl,
+            "presence": self.presence,
+        }
 
 
 DEFAULT_TOPIC_SETTINGS = TopicSettings()

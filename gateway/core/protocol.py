@@ -24,6 +24,7 @@ import orjson
 
 from gateway.core.errors import BadFrame, Invalid, TooLarge, UnknownOp
 from gateway.core.leases import MAX_TIMEOUT
+from gateway.core.subscribe import SubscribeOptions, options_from_fields
 from gateway.core.wire import Ref
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "MESSAGE_FIELDS",
     "NAME_RE",
     "REFRESH_OP",
+    "SUBSCRIPTION_OPS",
     "AckFrame",
     "AckManyFrame",
     "ClientFrame",
@@ -54,12 +56,16 @@ __all__ = [
     "Ref",
     "RefreshFrame",
     "RejectFrame",
+    "SubscribeFrame",
+    "SubscriptionFrame",
     "TaskOutcome",
+    "UnsubscribeFrame",
     "check_name",
     "decode_object",
     "parse_enqueue_spec",
     "parse_frame",
     "parse_refresh",
+    "parse_subscription_frame",
     "unknown_fields",
 ]
 
@@ -228,11 +234,16 @@ class DisconnectFrame:
 
 @dataclass(frozen=True, slots=True)
 class CreditFrame:
-    """``{"op": "credit", "n"}``; has no reply."""
+    """``{"op": "credit", "n", "topic"?}``; has no reply.
+
+    ``topic`` names the subscription on the multiplexed socket; other
+    sockets ignore it.
+    """
 
     n: int
     ref: Ref = None
     op: Literal["credit"] = "credit"
+    topic: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +262,36 @@ class RefreshFrame:
 
 #: The op of :class:`RefreshFrame`.
 REFRESH_OP = "refresh"
+
+
+@dataclass(frozen=True, slots=True)
+class SubscribeFrame:
+    """``{"op": "subscribe", "topic", ...options}`` on the multiplexed socket ``/ws/``.
+
+    Like :class:`RefreshFrame`, not part of :data:`ClientFrame`: only the
+    multiplexed socket takes it (``consumers.base`` hands it to that socket's
+    ``handle_subscription``).
+    """
+
+    topic: str
+    options: SubscribeOptions
+    ref: Ref = None
+    op: Literal["subscribe"] = "subscribe"
+
+
+@dataclass(frozen=True, slots=True)
+class UnsubscribeFrame:
+    """``{"op": "unsubscribe", "topic"}`` on the multiplexed socket ``/ws/``."""
+
+    topic: str
+    ref: Ref = None
+    op: Literal["unsubscribe"] = "unsubscribe"
+
+
+#: A frame about the subscriptions of the multiplexed socket.
+SubscriptionFrame: TypeAlias = SubscribeFrame | UnsubscribeFrame
+#: The ops of :data:`SubscriptionFrame`.
+SUBSCRIPTION_OPS = frozenset({"subscribe", "unsubscribe"})
 
 
 ClientFrame: TypeAlias = (
@@ -563,8 +604,27 @@ def parse_frame(obj: dict[str, Any], allowed: frozenset[str], limits: Limits) ->
             raise BadFrame("field 'n' must be an integer")
         if not 0 <= n <= 1_000_000_000:
             raise Invalid("credit n must be 0..1000000000")
-        return CreditFrame(n, ref)
+        topic = obj.get("topic")
+        return CreditFrame(n, ref, topic=None if topic is None else check_name(topic, "topic"))
     raise UnknownOp(f"op {op[:40]!r} is not known on this socket")
+
+
+def parse_subscription_frame(obj: dict[str, Any]) -> SubscriptionFrame:
+    """Turn a decoded ``subscribe`` or ``unsubscribe`` frame into its typed form.
+
+    Raises:
+        BadFrame: ``topic`` missing or not a string, a mistyped option, a bad ``ref``.
+        Invalid: a bad topic name or an option out of range.
+    """
+    if "ref" in obj and obj["ref"] is not None and read_ref(obj) is None:
+        raise BadFrame("field 'ref' must be a string or a number")
+    ref = read_ref(obj)
+    if "topic" not in obj:
+        raise BadFrame("missing field 'topic'")
+    topic = check_name(obj["topic"], "topic")
+    if obj.get("op") == "unsubscribe":
+        return UnsubscribeFrame(topic, ref)
+    return SubscribeFrame(topic, options_from_fields(obj), ref)
 
 
 def parse_refresh(obj: dict[str, Any]) -> RefreshFrame:

@@ -172,6 +172,8 @@ class Principal:
     expires_at: float | None = None
     #: a staff session's operator rights (:data:`OPERATOR_RIGHTS`; an admin has them all)
     operator: frozenset[str] = frozenset()
+    #: a signed token's ``info`` claim as compact JSON text (presence), or None
+    info: str | None = None
 
     @classmethod
     def from_scopes(
@@ -182,6 +184,7 @@ class Principal:
         *,
         subject: str | None = None,
         expires_at: float | None = None,
+        info: str | None = None,
     ) -> Principal:
         """Build a principal from scope strings (validated on issue, or by :func:`parse_scopes`).
 
@@ -203,6 +206,7 @@ class Principal:
             token_id=token_id,
             subject=subject,
             expires_at=expires_at,
+            info=info,
         )
 
     def allows(self, action: Action, name: str = "") -> bool:

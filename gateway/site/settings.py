@@ -308,6 +308,12 @@ GATEWAY_BLOCK_WAIT = float(os.environ.get("GATEWAY_BLOCK_WAIT", _DEFAULTS.block_
 # A topic with no subscriber on a process and no publish for this long is forgotten there.
 GATEWAY_TOPIC_IDLE = float(os.environ.get("GATEWAY_TOPIC_IDLE", _DEFAULTS.topic_idle))
 GATEWAY_TOPIC_LIMIT = int(os.environ.get("GATEWAY_TOPIC_LIMIT", _DEFAULTS.topic_limit))
+# Subscriptions one multiplexed socket (/ws/) may hold.
+GATEWAY_MAX_SUBSCRIPTIONS = int(
+    os.environ.get("GATEWAY_MAX_SUBSCRIPTIONS", _DEFAULTS.max_subscriptions)
+)
+# Seconds between the keep-alive comments of an idle event stream (/sse/), <= 15.
+GATEWAY_SSE_KEEPALIVE = float(os.environ.get("GATEWAY_SSE_KEEPALIVE", _DEFAULTS.sse_keepalive))
 GATEWAY_GC_THRESHOLD = int(os.environ.get("GATEWAY_GC_THRESHOLD", _DEFAULTS.gc_threshold))
 # Topic offsets, history and the relay between processes live in this Redis
 # (gateway.topics.streams); unset, in the one process.

@@ -47,10 +47,11 @@ from gateway.core.history import (
     plan_latest,
     plan_resume,
 )
-from gateway.core.wire import encode_subscribed
+from gateway.core.wire import Ref, encode_subscribed
 from gateway.topics.dispatch import Dispatch, SubscriberSink, TopicMeter, Unmetered
 from gateway.topics.followed import Followed, release
 from gateway.topics.housekeeping import Housekeeping
+from gateway.topics.presence import Presence
 from gateway.topics.replay import Replay
 from gateway.topics.settings import TopicSettingsCache
 from gateway.topics.shared import SharedTopics
@@ -116,6 +117,8 @@ class Broadcaster:
         self.shared = shared
         self.meter: TopicMeter = meter or Unmetered()
         self.sequencer = Sequencer()  # one process: the sequence (unused with ``shared``)
+        #: who subscribes to the topics with presence (shared, with several processes)
+        self.presence: Presence = Presence() if shared is None else shared.presence
         self._preparing: dict[str, int] = {}  # topic -> sockets between prepare and attach
         self._awaited: dict[str, int] = {}  # topic -> publishes started and not done
         self._gates: dict[str, asyncio.Lock] = {}  # one process: publishes in order
@@ -192,9 +195,17 @@ class Broadcaster:
         policy: Policy,
         weight: int,
         credit: int,
+        announce: bool = False,
+        ref: Ref = None,
     ) -> Subscription:
-        """Add a subscriber socket prepared by :meth:`prepare`; with a resume, send
-        ``subscribed`` and replay first."""
+        """Add a subscriber prepared by :meth:`prepare`; with a resume, send
+        ``subscribed`` and replay first.
+
+        With ``announce``, ``subscribed`` is sent without a resume too (its
+        ``recovered`` null): the multiplexed socket's reply to ``subscribe``,
+        echoing ``ref``. Subscribers are normally added through
+        :class:`gateway.topics.subscription.TopicSubscription`.
+        """
         self._prepared(topic)
         sub = self.dispatcher.subscribe(
             topic, capacity=capacity, policy=policy, weight=weight, credit=credit
@@ -207,10 +218,12 @@ class Broadcaster:
             self.unsubscribe(sub.sid)
             sink.stream_restarted()
             return sub
-        if start.resume is None:
-            return sub
         head = start.head
-        sink.push(encode_subscribed(topic, head.epoch, head.offset, start.resume.recovered))
+        if start.resume is None:
+            if announce:
+                sink.push(encode_subscribed(topic, head.epoch, head.offset, None, ref))
+            return sub
+        sink.push(encode_subscribed(topic, head.epoch, head.offset, start.resume.recovered, ref))
         after = start.resume.after
         if after is not None and followed is not None and after != followed.dispatched:
             # Off the live stream until the replay reaches what is dispatched.
@@ -467,6 +480,8 @@ class Broadcaster:
         return self.housekeeping.relay_figures()
 
     def close(self) -> None:
-        """Stop the sender and every replay."""
+        """Stop the sender and every replay (a shared presence stops with its streams)."""
         self.dispatch.close()
         self.replay.close()
+        if self.shared is None:
+            self.presence.close()

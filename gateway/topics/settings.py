@@ -1,4 +1,4 @@
-"""Topics' stored settings, cached per process (protocol 1.1: Topics).
+"""Topics' stored settings, cached per process (protocol 1.1: Topics; 1.2: Presence).
 
 Only topics whose settings someone changed have a row (``gateway.models.Topic``);
 every other topic has the defaults. So the cache holds the whole table, read
@@ -32,18 +32,22 @@ def load_topic_settings(topic: str) -> TopicSettings:
     """The topic's stored settings, or the defaults (sync; hits the database)."""
     from gateway.models import Topic
 
-    row = Topic.objects.filter(name=topic).values("history_size", "history_ttl").first()
+    row = Topic.objects.filter(name=topic).values("history_size", "history_ttl", "presence").first()
     if row is None:
         return DEFAULT_TOPIC_SETTINGS
-    return TopicSettings(history_size=row["history_size"], history_ttl=row["history_ttl"])
+    return TopicSettings(
+        history_size=row["history_size"],
+        history_ttl=row["history_ttl"],
+        presence=row["presence"],
+    )
 
 
 def load_all_topic_settings() -> dict[str, TopicSettings]:
     """Every stored topic's settings (sync; one query)."""
     from gateway.models import Topic
 
-    rows = Topic.objects.values_list("name", "history_size", "history_ttl")
-    return {name: TopicSettings(size, ttl) for name, size, ttl in rows}
+    rows = Topic.objects.values_list("name", "history_size", "history_ttl", "presence")
+    return {name: TopicSettings(size, ttl, presence) for name, size, ttl, presence in rows}
 
 
 def save_topic_settings(topic: str, settings: TopicSettings) -> None:
@@ -52,7 +56,11 @@ def save_topic_settings(topic: str, settings: TopicSettings) -> None:
 
     Topic.objects.update_or_create(
         name=topic,
-        defaults={"history_size": settings.history_size, "history_ttl": settings.history_ttl},
+        defaults={
+            "history_size": settings.history_size,
+            "history_ttl": settings.history_ttl,
+            "presence": settings.presence,
+        },
     )
 
 

@@ -10,12 +10,16 @@ from __future__ import annotations
 from typing import Protocol
 
 from gateway.core.history import Entry, Head
+from gateway.topics.presence import Presence
 
 __all__ = ["SharedTopics"]
 
 
 class SharedTopics(Protocol):
-    """Offsets, history and relay shared by the processes (``gateway.topics.streams``)."""
+    """Offsets, history, relay and presence shared by the processes (``gateway.topics.streams``)."""
+
+    #: the presence of every process's topics
+    presence: Presence
 
     async def head(self, topic: str) -> Head:
         """The topic's epoch and latest offset (an epoch is made on first use)."""

@@ -57,6 +57,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.core.errors import Backpressure, Unavailable
 from gateway.core.history import Entry, Head, TopicSettings, new_epoch
+from gateway.topics.presence import Presence, RedisPresence
 from gateway.topics.redis_url import async_client
 from gateway.topics.settings import TopicSettingsCache
 
@@ -165,6 +166,8 @@ class RedisTopics:
         self.redis = async_client(url, max_connections=32, wait=10)
         # Its own connection: a blocking XREAD holds one while it waits.
         self._reader_redis = async_client(url, max_connections=2)
+        #: who subscribes to topics with presence, on every process
+        self.presence: Presence = RedisPresence(url, prefix=prefix)
         self.settings = settings
         self.prefix = prefix
         self.window = window
@@ -214,6 +217,7 @@ class RedisTopics:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        await self.presence.aclose()
         await self.redis.aclose()
         await self._reader_redis.aclose()
 

@@ -150,6 +150,7 @@ async def test_published_replies_and_items_carry_offset_and_epoch(deployment: De
             "name": topic,
             "history_size": 0,
             "history_ttl": 300.0,
+            "presence": False,
             "epoch": first["epoch"],
             "offset": replies[-1]["offset"],
         }

@@ -30,7 +30,11 @@ def entry(offset: int, at: float = 1000.0) -> Entry:
 
 
 def test_defaults_keep_no_history() -> None:
-    assert DEFAULT_TOPIC_SETTINGS.as_json() == {"history_size": 0, "history_ttl": 300.0}
+    assert DEFAULT_TOPIC_SETTINGS.as_json() == {
+        "history_size": 0,
+        "history_ttl": 300.0,
+        "presence": False,
+    }
 
 
 def test_settings_change_checked() -> None:
