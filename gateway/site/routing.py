@@ -40,6 +40,7 @@ from consumers.routing import websocket_urlpatterns as _routes
 from dashboard.live import Exchange
 from gateway.access.auth import websocket_auth_stack
 from gateway.runtime import add_part
+from gateway.server.boot import build_runtime_when_serving
 
 __all__ = ["websocket_application", "websocket_urlpatterns"]
 
@@ -47,7 +48,12 @@ add_part("dashboard", Exchange.for_runtime)
 
 
 def websocket_application() -> Any:
-    """Every Leasecast socket behind its authentication; any other path is refused (403)."""
+    """Every Leasecast socket behind its authentication; any other path is refused (403).
+
+    Also has the server build this process's runtime as it starts, so its
+    background work (schedules' ticks) runs before any request arrives.
+    """
+    build_runtime_when_serving()
     return websocket_auth_stack(URLRouter(_routes))
 
 
@@ -55,8 +61,10 @@ def websocket_urlpatterns() -> list[URLPattern]:
     """Leasecast's socket routes, each behind its authentication, for a project's own router.
 
     Unlike :func:`websocket_application` there is no catch-all route: the
-    project's router decides what other paths are.
+    project's router decides what other paths are. As
+    :func:`websocket_application`, it has the server build the runtime as it starts.
     """
+    build_runtime_when_serving()
     return [
         re_path(str(route.pattern), websocket_auth_stack(route.callback))
         for route in _routes
