@@ -4,17 +4,21 @@ gateway processes sharing one database, SQLite and PostgreSQL.
 Pause holds every process's workers, survives a restart of both and resumes
 them; ``max_in_flight`` and the token bucket hold under many workers spread
 over both processes; bad settings are 400 ``invalid`` and change nothing.
+Metrics 1.2: the oldest visible message's age and the lease-length
+histogram, scraped from the process that did not serve the traffic.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.clients import Socket, ahttp, unique
 from tests.support.gateways import GatewayProcess
@@ -206,3 +210,45 @@ async def test_bad_control_settings_are_400_invalid_naming_them_and_change_nothi
         "rate_limit": 1.5,
         "rate_burst": 2,  # max(1, ceil(1.5))
     }
+
+
+async def test_metrics_show_the_oldest_visible_age_and_lease_lengths_deployment_wide(
+    pair: tuple[GatewayProcess, GatewayProcess], token: str
+) -> None:
+    a, b = pair
+    q, idle = unique("met"), unique("idle")
+    await enqueue(a, token, q, 3)
+    await patch(a, token, idle)  # a queue with nothing in it
+    async with await Socket.open(f"{a.ws}/ws/queues/{q}/?prefetch=2", token) as w:
+        got = await w.deliveries(2)
+        await asyncio.sleep(0.3)
+        for d in got:
+            assert (await w.request({"op": "ack", "receipt": d["receipt"]}))["op"] == "acked"
+    await asyncio.sleep(0.2)  # the third message ages
+    status, text = await ahttp_text(b, token)
+    assert status == 200, text
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[("leasecast_queue_oldest_age_seconds", (("queue", q),))] >= 0.5
+    assert samples[("leasecast_queue_oldest_age_seconds", (("queue", idle),))] == 0
+    lease = "leasecast_queue_lease_seconds"
+    assert samples[(f"{lease}_count", (("queue", q),))] == 2
+    assert samples[(f"{lease}_bucket", (("le", "0.25"), ("queue", q)))] == 0  # held >= 0.3 s
+    assert samples[(f"{lease}_bucket", (("le", "+Inf"), ("queue", q)))] == 2
+    assert 0.6 <= samples[(f"{lease}_sum", (("queue", q),))] < 60
+    assert samples[(f"{lease}_count", (("queue", idle),))] == 0
+
+
+async def ahttp_text(gw: GatewayProcess, token: str) -> tuple[int, str]:
+    """``GET /metrics`` of ``gw``: (status, the exposition's text)."""
+
+    def get() -> tuple[int, str]:
+        request = urllib.request.Request(f"{gw.http}/metrics")
+        request.add_header("Authorization", f"Bearer {token}")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read().decode()
+
+    return await asyncio.to_thread(get)
