@@ -365,7 +365,9 @@ def test_delivery_repr_hides_the_socket() -> None:
         "expires_in",
         "group",
         "priority",
+        "cancelled",
         "_link",
         "_acks",
     }
     assert not fields["_link"].repr
+    assert not fields["cancelled"].repr

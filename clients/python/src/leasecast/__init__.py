@@ -2,6 +2,9 @@
 
 - :class:`Worker`: consume a queue (async iteration over :class:`Delivery`).
 - :class:`Producer`: enqueue, one message or many, and publish.
+- :class:`HttpWorker`: consume a queue over plain HTTP (lease, ack, nack,
+  reject, extend; synchronous, standard library only), for programs that
+  cannot hold a socket open.
 - :class:`Subscriber`: receive a broadcast topic (async iteration over
   :class:`Message`), resuming from its offset after a reconnect.
 - Results are dataclasses: :class:`EnqueueResult`, :class:`PublishResult`,
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 from leasecast.api import http_get
 from leasecast.close_codes import CloseCode
+from leasecast.http_worker import HttpDelivery, HttpWorker
 from leasecast.link import backoff_delays
 from leasecast.producer import Producer
 from leasecast.results import EnqueueResult, PublishResult, Subscribed
@@ -29,6 +33,8 @@ __all__ = [
     "CloseCode",
     "Delivery",
     "EnqueueResult",
+    "HttpDelivery",
+    "HttpWorker",
     "Message",
     "Producer",
     "PublishResult",
