@@ -51,6 +51,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from gateway.core.leases import LEASE_SECONDS_BUCKETS, format_bound
 from gateway.store.leasing import LEASE_SECONDS, LEASE_SECONDS_SUM
+from gateway.topics.presence import shared_presence_counts
 
 __all__ = [
     "CONTENT_TYPE",
@@ -127,6 +128,7 @@ class Registry:
         self._pending: dict[Key, int] = {}
         self._sockets: dict[str, int] = {}
         self._queues: dict[str, dict[str, int]] = {}
+        self._presence: dict[str, int] = {}  # topic -> members here (one process)
 
     def count(self, name: str, labels: tuple[str, ...], n: int = 1) -> None:
         """Add ``n`` (>= 0) to counter ``name`` (a key of :data:`TOPIC_COUNTERS`)."""
@@ -192,6 +194,16 @@ class Registry:
         with self._lock:
             return dict(self._sockets)
 
+    def topic_presence(self, topic: str, members: int) -> None:
+        """``topic`` (with presence) has ``members`` subscriptions on this process."""
+        with self._lock:
+            self._presence[topic] = members
+
+    def presence(self) -> dict[str, int]:
+        """Members per topic with presence on this process (``leasecast_topic_presence``)."""
+        with self._lock:
+            return dict(self._presence)
+
     def queue_counted(self, counted: Mapping[tuple[str, str, str], int]) -> None:
         """Counts a committed store transaction of this process added to queues'
         counters, by (queue, counter, label): the dashboard's per-process rates."""
@@ -235,6 +247,7 @@ class RedisShare:
 
     def __init__(self, client: Any, prefix: str) -> None:
         self.client = client
+        self.prefix = prefix
         self.counters_key = f"{prefix}:metrics:counters"
         self.sockets_prefix = f"{prefix}:metrics:sockets:"
         # One flush at a time: the scrape flushes too, and two flushes of one
@@ -520,4 +533,24 @@ def scrape(process: ProcessMetrics) -> bytes:
     with connection.cursor() as cursor:  # Django's: %s placeholders on SQLite too
         figures = read_queue_figures(cursor, time.time())
     figures.counters, figures.sockets = counters, sockets
+    # Members of topics with presence: every process's, as Redis holds them
+    # (gateway.topics.presence), else this one process's.
+    members = (
+        registry.presence()
+        if share is None
+        else shared_presence_counts(share.client, share.prefix, time.time())
+    )
+    figures.more.append(_presence_family(members))
     return render(figures)
+
+
+def _presence_family(members: Mapping[str, int]) -> Metric:
+    """``leasecast_topic_presence``: the subscriptions of each topic with presence."""
+    family = GaugeMetricFamily(
+        "leasecast_topic_presence",
+        "Subscriptions of a topic with presence, on every gateway process.",
+        labels=["topic"],
+    )
+    for topic, n in sorted(members.items()):
+        family.add_metric([topic], n)
+    return family

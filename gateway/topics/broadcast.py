@@ -118,7 +118,7 @@ class Broadcaster:
         self.meter: TopicMeter = meter or Unmetered()
         self.sequencer = Sequencer()  # one process: the sequence (unused with ``shared``)
         #: who subscribes to the topics with presence (shared, with several processes)
-        self.presence: Presence = Presence() if shared is None else shared.presence
+        self.presence: Presence = Presence(self.meter) if shared is None else shared.presence
         self._preparing: dict[str, int] = {}  # topic -> sockets between prepare and attach
         self._awaited: dict[str, int] = {}  # topic -> publishes started and not done
         self._gates: dict[str, asyncio.Lock] = {}  # one process: publishes in order

@@ -68,6 +68,9 @@ class TopicMeter(Protocol):
     def slow_consumer_closed(self, topic: str) -> None:
         """A subscriber of ``topic`` was closed as a slow consumer."""
 
+    def topic_presence(self, topic: str, members: int) -> None:
+        """``topic`` (with presence) has ``members`` subscriptions on this process."""
+
 
 class Unmetered:
     """The meter of a broadcaster built without one (tests, benchmarks)."""
@@ -82,6 +85,9 @@ class Unmetered:
         pass
 
     def slow_consumer_closed(self, topic: str) -> None:
+        pass
+
+    def topic_presence(self, topic: str, members: int) -> None:
         pass
 
 

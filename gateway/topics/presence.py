@@ -27,7 +27,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
@@ -40,8 +40,10 @@ __all__ = [
     "POLL",
     "REFRESH",
     "Presence",
+    "PresenceMeter",
     "PresenceWatcher",
     "RedisPresence",
+    "shared_presence_counts",
 ]
 
 log = logging.getLogger("leasecast.presence")
@@ -66,13 +68,24 @@ class PresenceWatcher(Protocol):
         """Members arrived (``joins``) or went (``leaves``); never empty both."""
 
 
+class PresenceMeter(Protocol):
+    """What presence counts (the runtime's metrics registry)."""
+
+    def topic_presence(self, topic: str, members: int) -> None:
+        """``topic`` has ``members`` subscriptions on this process."""
+
+
 class Presence:
     """The presence of one process's topics, kept here (one process, no Redis).
 
     Subclassed by :class:`RedisPresence`, which shares it between processes.
+
+    Args:
+        meter: told each topic's count of members here (metrics), if given.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, meter: PresenceMeter | None = None) -> None:
+        self.meter = meter
         #: this process's members, by topic, by member id
         self.local: dict[str, dict[str, Member]] = {}
         self._watchers: dict[str, dict[str, PresenceWatcher]] = {}
@@ -81,7 +94,10 @@ class Presence:
 
     def join(self, topic: str, member: Member) -> None:
         """A subscription of ``topic`` attached (the topic has presence)."""
-        self.local.setdefault(topic, {})[member.client] = member
+        members = self.local.setdefault(topic, {})
+        members[member.client] = member
+        if self.meter is not None:
+            self.meter.topic_presence(topic, len(members))
         self._joined(topic, member)
 
     def leave(self, topic: str, client: str) -> None:
@@ -90,6 +106,8 @@ class Presence:
         if members is None:
             return
         member = members.pop(client, None)
+        if self.meter is not None:
+            self.meter.topic_presence(topic, len(members))
         if not members:
             del self.local[topic]
         if member is not None:
@@ -318,3 +336,22 @@ class RedisPresence(Presence):
                 await pipe.execute()
         with contextlib.suppress(RedisError, OSError):
             await self.redis.aclose()
+
+
+def shared_presence_counts(client: Any, prefix: str, now: float) -> dict[str, int]:
+    """Live members per topic, as every process wrote them to Redis (blocking).
+
+    Args:
+        client: a synchronous ``redis.Redis``.
+        prefix: the deployment's key prefix (``GATEWAY_REDIS_PREFIX``).
+        now: the current Unix time: members that expired by then are not counted.
+    """
+    head = f"{prefix}:presence:"
+    counts: dict[str, int] = {}
+    for raw in client.scan_iter(match=f"{head}*", count=1000):
+        key = raw.decode() if isinstance(raw, bytes) else raw
+        topic = key[len(head) :]
+        if topic.endswith(":m"):
+            continue  # the members' hash, beside each topic's sorted set
+        counts[topic] = int(client.zcount(key, now, "+inf"))
+    return counts
