@@ -39,12 +39,15 @@ from consumers.refuse import UnknownSocket
 from consumers.routing import websocket_urlpatterns as _routes
 from dashboard.live import Exchange
 from gateway.access.auth import websocket_auth_stack
+from gateway.host.schedule_settings import SettingsSync
 from gateway.runtime import add_part
 from gateway.server.boot import build_runtime_when_serving
 
 __all__ = ["websocket_application", "websocket_urlpatterns"]
 
 add_part("dashboard", Exchange.for_runtime)
+# LEASECAST_SCHEDULES is synced as each gateway process starts.
+add_part("schedule_settings", SettingsSync.for_runtime)
 
 
 def websocket_application() -> Any:

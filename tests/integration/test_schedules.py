@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import tempfile
 import time
@@ -253,3 +254,88 @@ def _fired_directly(gw: GatewayProcess, name: str, n: int) -> bool:
         f"from gateway.models import Schedule; print(Schedule.objects.get(name={name!r}).fired)",
     )
     return int(out.strip().splitlines()[-1]) >= n
+
+
+def _task_result(gw: GatewayProcess, result_id: str) -> list[str]:
+    """The task result's status and args, as the tasks backend reads them."""
+    out = gw.manage(
+        "shell",
+        "-c",
+        "from tests.tasksite.tasks import add; "
+        f"r = add.get_backend().get_result({result_id!r}); "
+        "print(r.status, r.args, r.task.module_path)",
+    )
+    return out.strip().splitlines()[-1].split(" ", 1)
+
+
+async def test_leasecast_schedules_enqueue_tasks_as_the_backend(
+    database_env: tuple[dict[str, str], Path],
+) -> None:
+    env, var = database_env
+    name, other = unique("adder"), unique("beat")
+    queue = "default"  # tests.tasksite.tasks.add's queue
+    entries = {name: {"task": "tests.tasksite.tasks.add", "every": 1, "args": [2, 3]}}
+    site = {
+        **env,
+        "DJANGO_SETTINGS_MODULE": "tests.schedulesite.settings",
+        "SCHEDULESITE_SCHEDULES": json.dumps(entries),
+    }
+    gw = GatewayProcess(site, var, name="tasks-gw")
+    gw.start()
+    try:
+        token = gw.issue_token("admin", name="admin")
+
+        async def fired(n: int) -> dict[str, Any] | None:
+            status, doc = await ahttp("GET", f"{gw.http}/api/schedules/{name}", token)
+            return doc if status == 200 and doc["fired"] >= n else None
+
+        doc = await wait_until(lambda: fired(2), "the settings' schedule fires")
+        assert doc is not None and (doc["queue"], doc["every"]) == (queue, 1)
+        assert doc["body"]["task"] == "tests.tasksite.tasks.add"
+        mine = [
+            m for m in await _messages(gw, token, queue) if m["key"].startswith(f"schedule:{name}:")
+        ]
+        assert len(mine) >= 2
+        body = mine[0]["body"]
+        assert list(body) == ["task", "id", "args", "kwargs", "takes_context"]
+        assert (body["task"], body["args"], body["kwargs"]) == (
+            "tests.tasksite.tasks.add",
+            [2, 3],
+            {},
+        )
+        assert body["id"] != mine[1]["body"]["id"]  # a result of its own per tick
+        assert _task_result(gw, body["id"]) == ["READY", "[2, 3] tests.tasksite.tasks.add"]
+
+        # The API does not change what the setting keeps.
+        status, error = await ahttp(
+            "PUT", f"{gw.http}/api/schedules/{name}", token, {"queue": queue, "every": 5}
+        )
+        assert (status, error["error"]) == (400, "invalid") and "LEASECAST_SCHEDULES" in error[
+            "detail"
+        ]
+
+        # The entry goes and another comes: sync_schedules follows the setting.
+        site["SCHEDULESITE_SCHEDULES"] = json.dumps(
+            {
+                other: {
+                    "task": "tests.tasksite.tasks.add",
+                    "cron": "0 3 * * *",
+                    "kwargs": {"a": 1, "b": 2},
+                }
+            }
+        )
+        gw.env = site
+        assert "1 created, 0 changed, 1 deleted" in gw.manage("sync_schedules")
+        status, _ = await ahttp("GET", f"{gw.http}/api/schedules/{name}", token)
+        assert status == 404
+        status, doc = await ahttp("GET", f"{gw.http}/api/schedules/{other}", token)
+        assert (
+            status == 200 and doc["cron"] == "0 3 * * *" and doc["next_tick"].endswith("03:00:00Z")
+        )
+        site["SCHEDULESITE_SCHEDULES"] = json.dumps(
+            {other: {"task": "tests.nowhere.task", "every": 1}}
+        )
+        with pytest.raises(RuntimeError, match="cannot import"):
+            gw.manage("sync_schedules")
+    finally:
+        gw.stop()
