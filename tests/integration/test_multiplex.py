@@ -1,14 +1,16 @@
-"""The multiplexed socket ``/ws/`` (docs/protocol.md, "The multiplexed socket").
+"""The multiplexed socket ``/ws/`` and presence (docs/protocol.md, "The multiplexed
+socket", "Presence").
 
 Every test runs on two deployments: one gateway process on SQLite without
 Redis, and two processes on PostgreSQL sharing a Redis, subscribing on B and
-publishing on A.
+publishing on A. A process killed with SIGKILL has gateways of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import tempfile
+import urllib.request
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,13 +18,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from websockets.exceptions import InvalidStatus
 
 from tests.support.clients import Socket, ahttp, unique
 from tests.support.databases import postgres_database, postgres_unavailable, sqlite_database
-from tests.support.gateways import GatewayProcess
+from tests.support.gateways import GatewayProcess, gateways_on_redis
+from tests.support.tokens import TEST_SIGNING_KEY, mint
 
-#: Both deployments run with these: a short block wait, a low subscription limit.
-SETTINGS = {"GATEWAY_BLOCK_WAIT": "1", "GATEWAY_MAX_SUBSCRIPTIONS": "120"}
+#: Every deployment runs with these: a short block wait, a low subscription
+#: limit, signed tokens.
+SETTINGS = {
+    "GATEWAY_BLOCK_WAIT": "1",
+    "GATEWAY_MAX_SUBSCRIPTIONS": "120",
+    "GATEWAY_SIGNING_KEY": TEST_SIGNING_KEY,
+}
 
 
 @dataclass
@@ -233,3 +243,174 @@ async def test_bad_input_is_one_error_and_harms_nothing_else(deployment: Deploym
         assert reply["op"] == "published"
         items, _, _ = await gather_items(s, 1)
         assert [it["body"] for it in items[mine]] == ["still here"]
+
+
+# -- presence
+
+
+async def presence_of(gw: GatewayProcess, topic: str, token: str) -> dict[str, Any]:
+    status, doc = await ahttp("GET", f"{gw.http}/api/topics/{topic}/presence", token)
+    assert status == 200, doc
+    return doc  # type: ignore[no-any-return]
+
+
+def presence_gauge(gw: GatewayProcess, topic: str, token: str) -> float | None:
+    """``leasecast_topic_presence{topic}`` in one scrape of ``gw``."""
+    request = urllib.request.Request(f"{gw.http}/metrics")
+    request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        text = response.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "leasecast_topic_presence" and sample.labels["topic"] == topic:
+                return sample.value
+    return None
+
+
+async def next_presence(s: Socket, timeout: float = 10) -> dict[str, Any]:
+    """The next join, leave or presence frame (other frames are not expected)."""
+    frame = await s.next(timeout)
+    assert frame["op"] in ("join", "leave", "presence"), frame
+    return frame
+
+
+def members(frame: dict[str, Any], kind: str = "joins") -> list[tuple[str, Any]]:
+    """(user, info) of a join/leave frame, or of a presence frame's ``joins``/``leaves``."""
+    if frame["op"] == "presence":
+        return sorted((m["user"], m["info"]) for m in frame[kind])
+    return [(frame["user"], frame.get("info"))]
+
+
+async def test_presence_lists_every_subscription_and_tells_joins_and_leaves(
+    deployment: Deployment,
+) -> None:
+    d = deployment
+    topic = unique("room")
+    await d.configure(topic, presence=True)
+    assert await presence_of(d.pub, topic, d.token) == {"topic": topic, "count": 0, "clients": []}
+    alice = mint("alice", [f"subscribe:{topic}"], info={"name": "Alice"})
+    bob = mint("bob", [f"subscribe:{topic}"], info={"seat": 3})
+    async with await Socket.open(f"{d.sub.ws}/ws/", alice) as watcher:
+        reply = await watcher.request({"op": "subscribe", "topic": topic, "presence": True})
+        assert reply["op"] == "subscribed"
+        first = await next_presence(watcher)
+        assert first["op"] == "presence" and first["topic"] == topic and first["leaves"] == []
+        assert members(first) in ([], [("alice", {"name": "Alice"})])  # it may list itself
+        # Bob on the other process, on a subscriber socket without presence events.
+        other = await Socket.open(f"{d.pub.ws}/ws/topics/{topic}/", bob)
+        joined = await next_presence(watcher)
+        assert members(joined) == [("bob", {"seat": 3})]
+        for gw in (d.pub, d.sub):
+            doc = await presence_of(gw, topic, d.token)
+            assert doc["count"] == 2
+            assert [(c["user"], c["info"]) for c in doc["clients"]] == [
+                ("alice", {"name": "Alice"}),
+                ("bob", {"seat": 3}),
+            ]
+            assert len({c["client"] for c in doc["clients"]}) == 2
+        for gw in (d.pub, d.sub):  # one scrape describes the deployment
+            assert presence_gauge(gw, topic, d.token) == 2
+        # Its own scope is enough to read the presence.
+        assert (await presence_of(d.sub, topic, alice))["count"] == 2
+        await other.close()
+        left = await next_presence(watcher)
+        assert left["op"] == "leave" and members(left) == [("bob", None)], left
+        assert (await presence_of(d.pub, topic, d.token))["count"] == 1
+        # Presence frames use no credit: a watcher with none still hears them.
+        reply = await watcher.request({"op": "unsubscribe", "topic": topic})
+        assert reply["op"] == "unsubscribed"
+    assert (await presence_of(d.sub, topic, d.token))["count"] == 0
+
+
+async def test_presence_refusals(deployment: Deployment) -> None:
+    d = deployment
+    plain = unique("plain")
+    status, err = await ahttp("GET", f"{d.sub.http}/api/topics/{plain}/presence", d.token)
+    assert (status, err["error"]) == (400, "invalid") and "presence" in err["detail"]
+    async with await Socket.open(f"{d.sub.ws}/ws/", d.token) as s:
+        reply = await s.request({"op": "subscribe", "topic": plain, "presence": True})
+        assert (reply["op"], reply["code"]) == ("error", "invalid")
+        reply = await s.request({"op": "subscribe", "topic": plain, "presence": "yes"})
+        assert (reply["op"], reply["code"]) == ("error", "bad_frame")
+        assert (await s.request({"op": "subscribe", "topic": plain}))["op"] == "subscribed"
+    stranger = mint("eve", ["subscribe:elsewhere"])
+    status, err = await ahttp("GET", f"{d.sub.http}/api/topics/{plain}/presence", stranger)
+    assert (status, err["error"]) == (403, "forbidden")
+    # An info claim that is no JSON object, or over 1 KiB, and the token is refused.
+    for info in (["not", "an", "object"], {"pad": "x" * 1100}):
+        token = mint("mallory", [f"subscribe:{plain}"], info=info)
+        with pytest.raises(InvalidStatus) as refused:
+            await Socket.open(f"{d.sub.ws}/ws/", token)
+        assert refused.value.response.status_code == 403
+        status, err = await ahttp("GET", f"{d.sub.http}/api/topics/{plain}/presence", token)
+        assert status == 401
+
+
+@pytest.mark.slow
+async def test_a_killed_process_members_leave_within_30_seconds(
+    redis_url: str, tmp_path: Path
+) -> None:
+    topic = unique("room")
+    with gateways_on_redis(tmp_path, redis_url, GATEWAY_SIGNING_KEY=TEST_SIGNING_KEY) as (
+        a,
+        b,
+        admin,
+    ):
+        for gw in (a, b):  # each has its own database
+            status, _ = await ahttp(
+                "PATCH", f"{gw.http}/api/topics/{topic}", admin, {"presence": True}
+            )
+            assert status == 200
+        doomed = mint("doomed", [f"subscribe:{topic}"])
+        watcher_token = mint("watcher", [f"subscribe:{topic}"])
+        async with await Socket.open(f"{b.ws}/ws/", watcher_token) as watcher:
+            reply = await watcher.request({"op": "subscribe", "topic": topic, "presence": True})
+            assert reply["op"] == "subscribed"
+            await next_presence(watcher)
+            on_a = await Socket.open(f"{a.ws}/ws/", doomed)
+            assert (await on_a.request({"op": "subscribe", "topic": topic}))["op"] == "subscribed"
+            assert members(await next_presence(watcher)) == [("doomed", None)]
+            assert (await presence_of(b, topic, admin))["count"] == 2
+            a.kill()  # no goodbye: its member expires in Redis
+            left = await next_presence(watcher, timeout=30)
+            assert left["op"] == "leave" and members(left) == [("doomed", None)], left
+            doc = await presence_of(b, topic, admin)
+            assert [c["user"] for c in doc["clients"]] == ["watcher"]
+            await on_a.abort()
+
+
+# -- the Python client
+
+
+async def test_python_multiplexer_resumes_its_topics_together_after_a_drop(
+    deployment: Deployment,
+) -> None:
+    from leasecast import Multiplexer
+
+    d = deployment
+    topics = [unique("py") for _ in range(3)]
+    for t in topics:
+        await d.configure(t, history_size=100)
+    async with Multiplexer(d.sub.http, token=d.token, backoff_max=0.5) as mux:
+        subs = [await mux.subscribe(t, credit=4) for t in topics]
+        first_link = mux.link
+        for t in topics:
+            await publish(d, t, [f"{t}-{n}" for n in range(10)])
+
+        async def read(sub: Any, n: int) -> list[Any]:
+            got = []
+            async for message in sub:
+                got.append(message.body)
+                if len(got) == n:
+                    return got
+            raise AssertionError("iteration ended")
+
+        got = await asyncio.wait_for(asyncio.gather(*(read(s, 5) for s in subs)), 20)
+        assert got == [[f"{t}-{n}" for n in range(5)] for t in topics]
+        first_link.conn.transport.abort()  # the network drops the one socket
+        for t in topics:
+            await publish(d, t, [f"{t}-{n}" for n in range(10, 12)])
+        got = await asyncio.wait_for(asyncio.gather(*(read(s, 7) for s in subs)), 30)
+        assert got == [[f"{t}-{n}" for n in (*range(5, 10), 10, 11)] for t in topics]
+        assert mux.reconnects == 1 and mux.link is not first_link
+        assert all(s.gaps == 0 for s in subs)

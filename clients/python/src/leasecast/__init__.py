@@ -7,6 +7,8 @@
   cannot hold a socket open.
 - :class:`Subscriber`: receive a broadcast topic (async iteration over
   :class:`Message`), resuming from its offset after a reconnect.
+- :class:`Multiplexer`: many topics on one socket (``/ws/``), each a
+  :class:`Subscription` with its own credit, policy and resume; presence.
 - Results are dataclasses: :class:`EnqueueResult`, :class:`PublishResult`,
   :class:`Subscribed`.
 - Errors: :mod:`leasecast.errors` (the gateway shares the same tree); close
@@ -24,6 +26,7 @@ from leasecast.api import http_get
 from leasecast.close_codes import CloseCode
 from leasecast.http_worker import HttpDelivery, HttpWorker
 from leasecast.link import backoff_delays
+from leasecast.multiplex import Multiplexer, Subscription
 from leasecast.producer import Producer
 from leasecast.results import EnqueueResult, PublishResult, Subscribed
 from leasecast.subscriber import Message, Subscriber
@@ -36,10 +39,12 @@ __all__ = [
     "HttpDelivery",
     "HttpWorker",
     "Message",
+    "Multiplexer",
     "Producer",
     "PublishResult",
     "Subscribed",
     "Subscriber",
+    "Subscription",
     "Worker",
     "backoff_delays",
     "http_get",
