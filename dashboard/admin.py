@@ -18,7 +18,10 @@ from django.utils import timezone
 from django.utils.cache import patch_cache_control
 from django.utils.html import format_html, format_html_join
 
-from dashboard import cancel
+from dashboard import (
+    admin_schedules,  # noqa: F401  (registers the schedules' admin)
+    cancel,
+)
 from gateway.core.errors import Invalid, ProtocolError
 from gateway.core.history import DEFAULT_TOPIC_SETTINGS
 from gateway.core.leases import DEFAULT_QUEUE_SETTINGS, StoredState, observed_state

@@ -1,0 +1,92 @@
+"""Schedules in the Django admin (protocol 1.2: Schedules), against a live gateway.
+
+The admin checks a schedule as ``PUT /api/schedules/NAME`` does and refuses
+what the API refuses; a schedule added there is what the API shows, and the
+gateway fires it.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_access import PASSWORD, Client
+from tests.support.clients import ahttp, unique
+from tests.support.databases import sqlite_database
+from tests.support.gateways import GatewayProcess
+from tests.support.waiting import wait_until
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    var: Path = tmp_path_factory.mktemp("admin-schedules")
+    with sqlite_database(var) as env:
+        process = GatewayProcess(env, var, name="admin-schedules")
+        process.start()
+        process.manage(
+            "shell",
+            "-c",
+            "from django.contrib.auth.models import User;"
+            f"User.objects.create_superuser('root', 'r@example.com', {PASSWORD!r})",
+        )
+        try:
+            yield process
+        finally:
+            process.stop()
+
+
+def _add(client: Client, fields: dict[str, str]) -> tuple[int, str]:
+    path = "/admin/gateway/schedule/add/"
+    client.request("GET", path)
+    form = urllib.parse.urlencode(
+        {"csrfmiddlewaretoken": client.cookie("csrftoken") or "", **fields}
+    ).encode()
+    reply = client.request(
+        "POST", path, form, {"Content-Type": "application/x-www-form-urlencoded"}
+    )
+    return reply.status, reply.text
+
+
+async def test_admin_adds_checked_schedules_that_fire(site: GatewayProcess) -> None:
+    client = Client(site.http)
+    client.login("root")
+    token = site.issue_token("admin", name="admin")
+    name, queue = unique("adm"), unique()
+    base = {"name": name, "queue": queue, "body": '{"from": "admin"}', "timezone": "UTC"}
+    base |= {"enabled": "on", "priority": "0"}
+    for bad, says in [
+        ({"cron": "0 0 30 2 *"}, "day-of-month"),
+        ({"every": "0.5"}, "every must be"),
+        ({"cron": "* * * * *", "every": "5"}, "exactly one"),
+        ({"every": "5", "timezone": "Mars/Olympus"}, "unknown timezone"),
+        ({"every": "5", "body": "{not json"}, "not JSON"),
+    ]:
+        status, page = await _run(client, {**base, **bad})
+        assert status == 200 and says in page, (bad, page[-2000:])  # the form again, with the error
+        status, _ = await ahttp("GET", f"{site.http}/api/schedules/{name}", token)
+        assert status == 404, bad
+    status, page = await _run(client, {**base, "every": "1"})
+    assert status == 302, page[-2000:]
+    status, doc = await ahttp("GET", f"{site.http}/api/schedules/{name}", token)
+    assert status == 200 and (doc["every"], doc["body"], doc["queue"]) == (
+        1,
+        {"from": "admin"},
+        queue,
+    )
+
+    async def fired() -> int:
+        status, doc = await ahttp("GET", f"{site.http}/api/schedules/{name}", token)
+        return int(doc["fired"]) if status == 200 else 0
+
+    await wait_until(fired, "the gateway fires the admin's schedule")
+    listing = client.request("GET", "/admin/gateway/schedule/").text
+    assert name in listing and "every 1 s" in listing
+
+
+async def _run(client: Client, fields: dict[str, str]) -> tuple[int, str]:
+    import asyncio
+
+    return await asyncio.to_thread(_add, client, fields)
