@@ -1,6 +1,6 @@
 """What queue limits cost: lease throughput with ``max_in_flight`` and ``rate_limit`` on and off.
 
-    python -m bench.queue_limits                          # SQLite and PostgreSQL, ~2 minutes
+    python -m bench.queue_limits                          # SQLite and PostgreSQL, ~5 minutes
     python -m bench.queue_limits --backends sqlite --messages 2000   # a smoke run
     python -m bench.queue_limits --json out.json          # also write the figures
 
@@ -10,9 +10,11 @@ with like on a shared machine: ``--messages`` messages enqueued up front
 (``enqueue_many`` of 100), then ``--workers`` sockets with ``--prefetch``
 (batched: ``?batch=PREFETCH`` and ``ack_many``) deliver and ack them all;
 drain/s = messages / time from the first worker connecting to the last ack
-confirmed. The settings:
+confirmed. ``--rounds`` rounds of ``off``, ``max_in_flight``, ``rate_limit``
+and ``both``, interleaved against the machine's drift, then ``binding`` and
+``off`` once more; the summary compares medians. The settings:
 
-- ``off``: no limits (the baseline, run first and last against drift);
+- ``off``: no limits (the baseline);
 - ``max_in_flight``: a limit that never binds (twice what the workers can
   hold), so the figure is the cost of counting: the queue row's lock and the
   count of leases in flight in every lease round;
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import sys
 import time
 from contextlib import ExitStack
@@ -47,7 +50,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "both": {"max_in_flight": -1, "rate_limit": 1_000_000, "rate_burst": 1_000_000},
     "binding": {"max_in_flight": -2},  # -2: --binding
 }
-ORDER = ("off", "max_in_flight", "rate_limit", "both", "binding", "off")
+#: One round; ``--rounds`` of them, then ``binding`` once and ``off`` again.
+ROUND = ("off", "max_in_flight", "rate_limit", "both")
 
 
 @dataclass
@@ -58,7 +62,7 @@ class Row:
     setting: str
     messages: int
     drain_per_s: float = 0.0
-    vs_off: float = 0.0  # against the mean of the two ``off`` runs
+    vs_off: float = 0.0  # against the median of the backend's ``off`` runs
     gateway_cpu: float = 0.0  # share of one core during the drain
     most_in_flight: int = 0  # the most in flight seen by a poll of GET /api/queues/Q
 
@@ -112,16 +116,33 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"{backend}: skipped ({target})", file=sys.stderr)
                 continue
             mine: list[Row] = []
-            for setting in ORDER:
+            for setting in [*ROUND * args.rounds, "binding", "off"]:
                 row = await one_drain(target, backend, setting, args)
                 mine.append(row)
                 print(f"   {asdict(row)}", file=sys.stderr, flush=True)
-            base = [r.drain_per_s for r in mine if r.setting == "off"]
-            mean = sum(base) / len(base)
+            base = statistics.median(r.drain_per_s for r in mine if r.setting == "off")
             for row in mine:
-                row.vs_off = row.drain_per_s / mean
+                row.vs_off = row.drain_per_s / base
             rows += mine
     return {"rows": [asdict(r) for r in rows], "args": vars(args)}
+
+
+def summary(rows: list[dict[str, Any]]) -> str:
+    """Per backend and setting: the median drain/s of its runs, against ``off``'s."""
+    lines = [
+        "| backend | setting | runs | median drain/s | vs off | most in flight |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    keys = dict.fromkeys((r["backend"], r["setting"]) for r in rows)
+    for backend, setting in keys:
+        mine = [r for r in rows if (r["backend"], r["setting"]) == (backend, setting)]
+        off = [r["drain_per_s"] for r in rows if (r["backend"], r["setting"]) == (backend, "off")]
+        median = statistics.median(r["drain_per_s"] for r in mine)
+        lines.append(
+            f"| {backend} | {setting} | {len(mine)} | {median:,.0f} "
+            f"| {median / statistics.median(off):.2f}x | {max(r['most_in_flight'] for r in mine)} |"
+        )
+    return "\n".join(lines)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -144,10 +165,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--prefetch", type=int, default=10)
     parser.add_argument("--binding", type=int, default=20, help="max_in_flight of 'binding'")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of off/on settings")
     parser.add_argument("--json", help="write the figures here too")
     args = parser.parse_args(argv)
     result = asyncio.run(run(args))
     print(table(result["rows"]))
+    print()
+    print(summary(result["rows"]))
     if args.json:
         with open(args.json, "w") as out:
             json.dump(result, out, indent=2)
