@@ -28,7 +28,7 @@ queue's ``max_deliveries`` must be asked again.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from traceback import format_exception
 from typing import Any, Literal, TypeAlias, TypedDict
 
@@ -41,16 +41,21 @@ from gateway.core.errors import (
     StaleReceipt,
     Unavailable,
 )
+from gateway.core.history import DEFAULT_TOPIC_SETTINGS, TopicSettings
 
 __all__ = [
+    "CANCELLED_PATH",
     "MAX_TASK_ID",
     "MAX_TASK_PATH",
     "SEND_ATTEMPTS",
     "SETTLEMENTS",
     "TASK_MODULES_SETTING",
+    "TASK_TOPIC_PREFIX",
+    "TASK_TOPIC_SETTINGS",
     "Abandoned",
     "Ack",
     "Attempt",
+    "CancelledRun",
     "LeaseLost",
     "LimitCache",
     "Nack",
@@ -68,13 +73,19 @@ __all__ = [
     "UnregisteredTask",
     "Unsent",
     "after_send_error",
+    "cancelled_update",
     "decide",
+    "error_line",
     "error_of",
     "failed",
     "keep_alive_period",
+    "outcome_update",
+    "progress_update",
     "refused",
     "split_prefetch",
     "succeeded",
+    "task_topic",
+    "task_topic_settings",
     "to_json",
     "unrunnable",
 ]
@@ -424,7 +435,17 @@ class Abandoned:
     (the worker gave up on it), or the worker was stopping before it started."""
 
 
-Run: TypeAlias = Returned | Raised | Abandoned
+@dataclass(frozen=True, slots=True)
+class CancelledRun:
+    """The message was cancelled while the task ran (protocol 1.2: Cancel): the
+    gateway dead-lettered it and ended its lease, so nothing is sent for it;
+    its topic is told FAILED with ``leasecast.errors.Cancelled``
+    (:func:`cancelled_update`)."""
+
+    detail: str = "the task was cancelled"
+
+
+Run: TypeAlias = Returned | Raised | Abandoned | CancelledRun
 
 
 def decide(
@@ -447,8 +468,9 @@ def decide(
             (:func:`error_of`).
 
     Returns:
-        The settlement, or None for an abandoned run: its lease is not ended
-        here, the closing socket releases it and the message runs again.
+        The settlement, or None for an abandoned run (its lease is not ended
+        here: the closing socket releases it and the message runs again) and
+        for a cancelled one (the gateway ended its lease already).
     """
     match run:
         case Returned(value):
@@ -456,7 +478,7 @@ def decide(
         case Raised(exc):
             error = error_of(exc, machinery=machinery)
             return failed(attempt, error, max_deliveries=max_deliveries, policy=policy)
-        case Abandoned():
+        case Abandoned() | CancelledRun():
             return None
 
 
@@ -598,3 +620,79 @@ def split_prefetch(concurrency: int, queues: int) -> list[int]:
         return []
     share, extra = divmod(concurrency, queues)
     return [max(1, share + (1 if i < extra else 0)) for i in range(queues)]
+
+
+# -- the task's topic ---------------------------------------------------------------
+
+#: A task's progress and outcome go to the topic ``task.RESULT_ID`` (protocol
+#: 1.2, Tasks: Progress), so a page follows a task as it follows any topic.
+TASK_TOPIC_PREFIX = "task."
+#: What a task topic keeps unless an operator stored other settings for it:
+#: the last 100 messages for an hour, so a page that opens late gets the
+#: latest and one that reconnects misses nothing.
+TASK_TOPIC_SETTINGS = replace(DEFAULT_TOPIC_SETTINGS, history_size=100, history_ttl=3600.0)
+
+
+def task_topic(result_id: str) -> str:
+    """The topic of the task whose result id is ``result_id``."""
+    return TASK_TOPIC_PREFIX + result_id
+
+
+def task_topic_settings(topic: str, settings: TopicSettings) -> TopicSettings:
+    """The settings a topic is used with: a task topic without stored settings
+    of its own (``settings`` is the default object) keeps its history by rule.
+
+    By rule, not by a row written per task: a row written when the task is
+    enqueued reaches the other gateway processes only when their settings
+    cache is read again (``GATEWAY_QUEUE_SETTINGS_TTL``), and the task's
+    first messages, often its last too, come sooner than that.
+    """
+    if settings is DEFAULT_TOPIC_SETTINGS and topic.startswith(TASK_TOPIC_PREFIX):
+        return TASK_TOPIC_SETTINGS
+    return settings
+
+
+def progress_update(data: Any) -> dict[str, Any]:
+    """What ``progress(data)`` publishes on the task's topic."""
+    return {"status": "RUNNING", "progress": data}
+
+
+def error_line(error: TaskErrorJSON) -> str:
+    """``module.Class: message`` of a recorded error (the last line of its traceback).
+
+    A traceback ends with its exception's own line (``Class: message``; the
+    class is named without its module for builtins): the line is rebuilt
+    with the full class path. An error that is not a traceback (a refused
+    outcome's explanation) gives its first line.
+    """
+    path = error["exception_class_path"]
+    text = error["traceback"].strip()
+    if not text.startswith("Traceback"):
+        return f"{path}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+    last = text.splitlines()[-1]
+    _, sep, message = last.partition(": ")
+    return f"{path}: {message}" if sep else path
+
+
+def outcome_update(outcome: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What the task's topic is told once the gateway took an attempt's outcome:
+    SUCCESSFUL with its ``return_value``, FAILED with its ``error`` line, or
+    nothing for a retry (READY: the next attempt's progress follows)."""
+    if outcome is None:
+        return None
+    if outcome["status"] == "SUCCESSFUL":
+        return {"status": "SUCCESSFUL", "return_value": outcome.get("return_value")}
+    if outcome["status"] == "FAILED":
+        error = outcome.get("error")
+        line = error_line(error) if error is not None else "FAILED"
+        return {"status": "FAILED", "error": line}
+    return None
+
+
+#: The class path a cancelled task's error names (the client's error tree).
+CANCELLED_PATH = "leasecast.errors.Cancelled"
+
+
+def cancelled_update(detail: str) -> dict[str, Any]:
+    """What the task's topic is told when the task was cancelled."""
+    return {"status": "FAILED", "error": f"{CANCELLED_PATH}: {detail}"}

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures.thread
 import contextlib
+import contextvars
 import functools
 import importlib
 import inspect
@@ -55,6 +56,7 @@ from gateway.core.task_decisions import (
     Abandoned,
     Ack,
     Attempt,
+    CancelledRun,
     LeaseLost,
     LimitCache,
     Nack,
@@ -71,16 +73,19 @@ from gateway.core.task_decisions import (
     UnregisteredTask,
     Unsent,
     after_send_error,
+    cancelled_update,
     decide,
     error_of,
     failed,
     keep_alive_period,
+    outcome_update,
     refused,
     split_prefetch,
     succeeded,
     to_json,
     unrunnable,
 )
+from gateway.host.task_progress import RunLink, TaskFeed, TopicPublisher, current_run
 
 __all__ = [
     "DEFAULT_CONCURRENCY",
@@ -248,6 +253,8 @@ class TaskWorker:
             which needs Django's settings).
         settings_ttl: seconds a queue's ``max_deliveries`` is cached.
         backoff_initial, backoff_max: reconnect backoff of the sockets.
+        publisher: publishes to the tasks' topics (default: a producer
+            socket to ``url`` with ``token``, which needs ``publish:task.*``).
     """
 
     def __init__(
@@ -265,6 +272,7 @@ class TaskWorker:
         settings_ttl: float = 60.0,
         backoff_initial: float = 0.1,
         backoff_max: float = 5.0,
+        publisher: TopicPublisher | None = None,
     ) -> None:
         if not queues:
             raise ValueError("a task worker needs at least one queue")
@@ -284,12 +292,17 @@ class TaskWorker:
         self._stopping: asyncio.Event | None = None
         self._hurry: asyncio.Event | None = None
         self._limits = LimitCache(settings_ttl)
-        #: message id -> the result of its run in progress here
-        self._runs: dict[str, asyncio.Future[Run]] = {}
+        #: message id -> its run in progress here
+        self._runs: dict[str, _Running] = {}
         #: handler tasks per queue (a delivery from receipt to its settlement)
         self._handlers: dict[str, set[asyncio.Task[None]]] = {q: set() for q in self.queues}
-        #: handlers still running when the grace ran out (their leases were released)
+        #: handlers still running when the grace ran out (their leases were
+        #: released), and cancelled sync tasks whose threads were abandoned
         self.abandoned = 0
+        #: the tasks' topics (progress and outcomes), over a producer socket of its own
+        self._publisher = publisher or TopicPublisher(url, token)
+        #: message id -> the feed of its task's topic, while handled here
+        self._feeds: dict[str, TaskFeed] = {}
 
     # -- life cycle
 
@@ -374,6 +387,7 @@ class TaskWorker:
             await self._drain(workers)
             for sig in signals:
                 loop.remove_signal_handler(sig)
+            await self._publisher.close()
             self._pool.shutdown(wait=False, cancel_futures=True)
         if failure is not None:
             raise failure
@@ -448,21 +462,42 @@ class TaskWorker:
             handler.add_done_callback(handlers.discard)
 
     async def handle(self, delivery: Delivery) -> None:
-        """Run one delivery's task and end its lease; never raises (logs instead)."""
+        """Run one delivery's task and end its lease; never raises (logs instead).
+
+        Once the gateway took the outcome (or the message was cancelled), the
+        task's topic is told (protocol 1.2, Tasks: Progress).
+        """
         keeper = asyncio.create_task(self._keep_lease(delivery))
         try:
-            settlement = await self._attempt(delivery)
+            message, settlement, final = await self._attempt(delivery)
             if settlement is not None:
-                await self._settle(delivery, settlement)
+                taken = await self._settle(delivery, settlement)
+                if isinstance(taken, Ack | Nack):
+                    final = outcome_update(taken.outcome)
+            if message is not None and final is not None:
+                await self._feed(delivery.id, message).finish(final)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("message %s of queue %s: the worker failed", delivery.id, delivery.queue)
         finally:
             keeper.cancel()
+            if delivery.id not in self._runs:
+                self._feeds.pop(delivery.id, None)
 
-    async def _attempt(self, delivery: Delivery) -> Settlement | None:
-        """The settlement of one delivery, or None if it must not be ended (stopping)."""
+    def _feed(self, message_id: str, message: TaskMessage) -> TaskFeed:
+        """The feed of the task's topic (one per message while it is handled here)."""
+        feed = self._feeds.get(message_id)
+        if feed is None:
+            feed = self._feeds[message_id] = TaskFeed(self._publisher, message.result_id)
+        return feed
+
+    async def _attempt(
+        self, delivery: Delivery
+    ) -> tuple[TaskMessage | None, Settlement | None, dict[str, Any] | None]:
+        """The message, the settlement of one delivery (None if it must not be
+        ended: stopping, or cancelled), and what its topic is told without a
+        settlement (a cancelled task), if anything."""
         try:
             message = TaskMessage.parse(delivery.body)
         except NotATask as exc:
@@ -472,17 +507,23 @@ class TaskWorker:
                 delivery.queue,
                 exc,
             )
-            return Reject(str(exc))
+            return None, Reject(str(exc)), None
         slots, stopping, _ = self._events()
         async with slots:
             if stopping.is_set():
-                return None  # never started: the closing socket releases it
+                return message, None, None  # never started: the closing socket releases it
+            if delivery.cancelled.is_set():
+                detail = "the task was cancelled before it started"
+                log.info(
+                    "task %s [%s] cancelled before it started", message.task_path, message.result_id
+                )
+                return message, None, cancelled_update(detail)
             attempt = Attempt(message.result_id, self.worker_id, time.time(), delivery.deliveries)
             try:
                 task = self.registry.get(message.task_path)
             except UnregisteredTask as exc:
                 log.error("task %s [%s] FAILED: %s", message.task_path, message.result_id, exc)
-                return unrunnable(attempt, error_of(exc, machinery=MACHINERY))
+                return message, unrunnable(attempt, error_of(exc, machinery=MACHINERY)), None
             log.info(
                 "task %s [%s] started (queue %s, delivery %d)",
                 message.task_path,
@@ -491,6 +532,11 @@ class TaskWorker:
                 delivery.deliveries,
             )
             run = await self._result(delivery, task, message, attempt)
+        if isinstance(run, CancelledRun):
+            log.warning(
+                "task %s [%s] CANCELLED: %s", message.task_path, message.result_id, run.detail
+            )
+            return message, None, cancelled_update(run.detail)
         # Only a failure needs the queue's limit: asked then, not for every task.
         limit = await self.max_deliveries(delivery.queue) if isinstance(run, Raised) else None
         settlement = decide(
@@ -498,17 +544,18 @@ class TaskWorker:
         )
         if settlement is not None:
             _log_outcome(message, attempt, run, settlement, limit)
-        return settlement
+        return message, settlement, None
 
     async def _result(
         self, delivery: Delivery, task: Any, message: TaskMessage, attempt: Attempt
     ) -> Run:
-        """Run the task: what it returned or raised.
+        """Run the task: what it returned or raised, or that it was cancelled.
 
         A socket that dropped and came back gets the messages its old socket
         held delivered again (the gateway released them). If such a message's
         task is still running here, its result settles the new delivery
         instead of a second run (:class:`Abandoned` if that run was given up).
+        A cancel of either delivery cancels the run.
         """
         running = self._runs.get(delivery.id)
         if running is not None:
@@ -517,33 +564,81 @@ class TaskWorker:
                 message.task_path,
                 message.result_id,
             )
+            watch = asyncio.create_task(_forward_cancel(delivery, running.link))
             try:
-                return await asyncio.shield(running)
+                return await asyncio.shield(running.done)
             except asyncio.CancelledError:
                 if _cancelling():
                     raise
                 return Abandoned()
-        done: asyncio.Future[Run] = asyncio.get_running_loop().create_future()
-        self._runs[delivery.id] = done
+            finally:
+                watch.cancel()
+        link = RunLink(self._feed(delivery.id, message), asyncio.get_running_loop())
+        state = _Running(link, asyncio.get_running_loop().create_future())
+        self._runs[delivery.id] = state
+        watch = asyncio.create_task(_forward_cancel(delivery, link))
         try:
-            run: Run
-            try:
-                run = Returned(await self._call(task, message, attempt))
-            except asyncio.CancelledError as exc:
-                if _cancelling():
-                    raise  # this worker gave up on it (the grace ran out)
-                run = Raised(exc)  # the task's own code was cancelled
-            except BaseException as exc:
-                run = Raised(exc)
-            done.set_result(run)
+            run = await self._race(task, message, attempt, link)
+            state.done.set_result(run)
             return run
         finally:
-            if not done.done():
-                done.cancel()
-            if self._runs.get(delivery.id) is done:
+            watch.cancel()
+            if not state.done.done():
+                state.done.cancel()
+            if self._runs.get(delivery.id) is state:
                 del self._runs[delivery.id]
 
-    async def _call(self, task: Any, message: TaskMessage, attempt: Attempt) -> Any:
+    async def _race(self, task: Any, message: TaskMessage, attempt: Attempt, link: RunLink) -> Run:
+        """Run the task until it ends or its message is cancelled (protocol 1.2, Cancel).
+
+        Cancelled, an ``async`` task is cancelled (``CancelledError`` at its
+        next ``await``); a sync one sees ``cancelled()`` true and is waited
+        for at most the grace, then abandoned (its thread cannot be stopped).
+        """
+        work = asyncio.ensure_future(self._call(task, message, attempt, link))
+        cancel = asyncio.ensure_future(link.cancel_requested.wait())
+        try:
+            await asyncio.wait([work, cancel], return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            work.cancel()  # this worker gave up on it (the grace ran out)
+            raise
+        finally:
+            cancel.cancel()
+        if not link.cancel_requested.is_set():
+            return _ended(work)
+        link.cancel_flag.set()
+        is_async = inspect.iscoroutinefunction(task.func)
+        if is_async:
+            work.cancel()
+        done, _ = await asyncio.wait([work], timeout=self.grace)
+        if not done:
+            work.add_done_callback(_forget)
+            if not is_async:
+                self._replace_pool()
+            return CancelledRun(
+                f"the task was cancelled and did not stop within the worker's grace "
+                f"({self.grace:g}s): abandoned"
+            )
+        if not is_async and not work.cancelled():
+            ended = _ended(work)
+            how = "returned" if isinstance(ended, Returned) else "raised"
+            return CancelledRun(f"the task was cancelled while it ran ({how} after the cancel)")
+        return CancelledRun("the task was cancelled while it ran")
+
+    def _replace_pool(self) -> None:
+        """A new thread pool for the next sync tasks: an abandoned task's thread
+        cannot be stopped and would hold a place of the old pool until it ends.
+        The old pool's threads end with their tasks."""
+        old = self._pool
+        self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="leasecast-task")
+        old.shutdown(wait=False)
+        # Its thread would keep the interpreter from exiting (the command leaves
+        # with os._exit when something was abandoned).
+        self.abandoned += 1
+
+    async def _call(self, task: Any, message: TaskMessage, attempt: Attempt, link: RunLink) -> Any:
+        # Its own asyncio task: the context variable set here is this run's alone.
+        current_run().set(link)
         args = list(message.args)
         if task.takes_context:
             args.insert(0, context_for(task, message, attempt))
@@ -551,8 +646,11 @@ class TaskWorker:
         if inspect.iscoroutinefunction(func):
             return await func(*args, **message.kwargs)
         loop = asyncio.get_running_loop()
+        # The pool thread runs in a copy of this context, so progress() and
+        # cancelled() find this run there too.
+        context = contextvars.copy_context()
         return await loop.run_in_executor(
-            self._pool, functools.partial(_call_sync, func, args, message.kwargs)
+            self._pool, functools.partial(context.run, _call_sync, func, args, message.kwargs)
         )
 
     # -- talking to the gateway
@@ -572,16 +670,21 @@ class TaskWorker:
             return self._limits.unreadable(queue)
         return self._limits.read(queue, now, value)
 
-    async def _settle(self, delivery: Delivery, settlement: Settlement) -> None:
+    async def _settle(self, delivery: Delivery, settlement: Settlement) -> Settlement | None:
         """End the lease as decided; :func:`after_send_error` says what to do when
-        the gateway does not take it (send again, fall back, or give up)."""
+        the gateway does not take it (send again, fall back, or give up).
+
+        Returns:
+            The settlement the gateway took (the decided one or its fallback),
+            or None if none was taken.
+        """
         tried, sends = 1, 0
         delays = backoff_delays(0.2, 2.0)
         while True:
             sends += 1
             try:
                 await self._send(delivery, settlement)
-                return
+                return settlement
             except LeasecastError as exc:
                 error = exc
                 decision = after_send_error(settlement, exc, sends=sends)
@@ -596,10 +699,10 @@ class TaskWorker:
                         delivery.queue,
                         error,
                     )
-                    return
+                    return None
                 case Unsent(reason):
                     log.error("message %s: %s", delivery.id, reason)
-                    return
+                    return None
                 case _:
                     log.error(
                         "message %s of queue %s: the gateway refused the outcome: %s",
@@ -609,7 +712,7 @@ class TaskWorker:
                     )
                     tried += 1
                     if tried > SETTLEMENTS:
-                        return
+                        return None
                     settlement, sends, delays = decision, 0, backoff_delays(0.2, 2.0)
 
     async def _send(self, delivery: Delivery, settlement: Settlement) -> None:
@@ -673,6 +776,34 @@ def _log_outcome(
             kind,
             run.exc,
         )
+
+
+class _Running:
+    """A run in progress here: its link (cancel, topic) and its result to come."""
+
+    def __init__(self, link: RunLink, done: asyncio.Future[Run]) -> None:
+        self.link = link
+        self.done = done
+
+
+async def _forward_cancel(delivery: Delivery, link: RunLink) -> None:
+    """Tell the run when the gateway cancels the message held by ``delivery``."""
+    await delivery.cancelled.wait()
+    link.cancel_requested.set()
+
+
+def _ended(work: asyncio.Future[Any]) -> Run:
+    """How a finished task call ended."""
+    if work.cancelled():
+        return Raised(asyncio.CancelledError())  # the task's own code was cancelled
+    exc = work.exception()
+    return Returned(work.result()) if exc is None else Raised(exc)
+
+
+def _forget(work: asyncio.Future[Any]) -> None:
+    """Retrieve an abandoned call's outcome (nobody waits for it any more)."""
+    if not work.cancelled():
+        work.exception()
 
 
 def _cancelling() -> bool:

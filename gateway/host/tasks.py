@@ -36,6 +36,7 @@ from django.utils.module_loading import import_string
 
 from gateway.core.leases import StoredState
 from gateway.core.protocol import NAME_RE, EnqueueSpec
+from gateway.core.task_decisions import CANCELLED_PATH
 
 
 def _tasks_api() -> tuple[Any, Any, Any, type[Exception]]:
@@ -234,6 +235,17 @@ class LeasecastBackend(BaseTaskBackend):
                     {
                         "exception_class_path": "gateway.errors.NotFound",
                         "traceback": "the task's message was deleted before it ran",
+                    }
+                )
+            elif message[0] == StoredState.DEAD and message[2] == "cancelled":
+                # Cancelled (protocol 1.2, Cancel): waiting, or while it ran
+                # (its worker's outcome was then refused: the lease was over).
+                status = TaskResultStatus.FAILED
+                errors.append(
+                    {
+                        "exception_class_path": CANCELLED_PATH,
+                        "traceback": "the task was cancelled: its message was "
+                        "dead-lettered with reason cancelled",
                     }
                 )
             elif message[0] == StoredState.DEAD:

@@ -31,10 +31,13 @@ from gateway.access.auth import RevocationWatch
 from gateway.conf import GatewaySettings, gateway_settings
 from gateway.core.ratelimit import TokenLimiter
 from gateway.engine import PROCESS_NAME, Engine, django_store
+from gateway.engine.cancels import tell_holder
 from gateway.engine.committer import Committer
 from gateway.engine.notify import start_listener, start_local_listener
+from gateway.engine.schedules import Scheduler
 from gateway.runtime.layer import ProcessChannel
 from gateway.runtime.metrics import ProcessMetrics
+from gateway.runtime.task_topics import TaskAwareTopicSettings
 from gateway.topics.broadcast import Broadcaster
 from gateway.topics.settings import TopicSettingsCache
 from gateway.topics.streams import RedisTopics
@@ -48,6 +51,7 @@ __all__ = [
     "close_sockets",
     "count_from_thread",
     "current_runtime",
+    "publish_from_thread",
     "wake_from_thread",
 ]
 
@@ -81,11 +85,19 @@ class Runtime:
         self.metrics.start()
         # -- the work queue
         self.engine = _build_engine(conf, make_store, self.loop, self.metrics)
+        # -- schedules: every process fires their ticks, none leads (gateway.engine.schedules)
+        self.schedules = Scheduler(
+            make_store,
+            on_wake=self.engine.wake_all,
+            on_counted=self.metrics.registry.queue_counted,
+            block_wait=conf.block_wait,
+        )
         # -- per-token limits, and the watch that closes revoked tokens' sockets
         self.limiter = TokenLimiter(conf.token_limits, time.monotonic)
         self.revocations = RevocationWatch(conf.token_check_interval)
         # -- topics: settings, the shared streams (several processes), the broadcaster
-        self.topic_settings = TopicSettingsCache(conf.queue_settings_ttl)
+        # (task topics keep their history by rule: gateway.runtime.task_topics)
+        self.topic_settings: TopicSettingsCache = TaskAwareTopicSettings(conf.queue_settings_ttl)
         self.streams: RedisTopics | None = None
         if conf.redis_url:
             self.streams = RedisTopics(
@@ -140,6 +152,7 @@ class Runtime:
             await self.streams.close()
         if self.channel is not None:
             self.channel.close()
+        self.schedules.close()
         self.engine.close()
         self.metrics.close()
         if _runtimes.get(self.loop) is self:
@@ -163,12 +176,17 @@ def _build_engine(
     )
     engine = Engine(committer, block_wait=conf.block_wait)
     holder.append(engine)
+
+    # A cancelled lease may be held by a socket of this process (protocol 1.2: Cancel).
+    def cancelled(queue: str, msg_id: str, receipt: str) -> None:
+        tell_holder(engine.pumps, queue, msg_id, receipt)
+
     if connections["default"].vendor == "postgresql":
-        engine.listener = start_listener(engine.wake_all, PROCESS_NAME, loop)
+        engine.listener = start_listener(engine.wake_all, PROCESS_NAME, loop, cancelled)
     else:
         # Enqueues committed by other processes on this SQLite file
         # (gateway.host.producer, admin actions) arrive as datagrams.
-        engine.local_listener = loop.create_task(start_local_listener(engine.wake_all))
+        engine.local_listener = loop.create_task(start_local_listener(engine.wake_all, cancelled))
     return engine
 
 
@@ -207,6 +225,24 @@ def wake_from_thread(queues: Iterable[str]) -> None:
         if not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # closed meanwhile
                 loop.call_soon_threadsafe(runtime.engine.wake_all, names)
+
+
+def publish_from_thread(topic: str, body: bytes) -> bool:
+    """Publish ``body`` (JSON) to ``topic`` from a synchronous thread through this
+    process's runtime, if it serves the gateway (a task's cancel publishes its
+    outcome so). Returns False, publishing nothing, if it does not."""
+    for loop, runtime in list(_runtimes.items()):
+        if loop.is_closed():
+            continue
+
+        def publish(runtime: Runtime = runtime) -> None:
+            done = runtime.broadcaster.publish(topic, [body])
+            done.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+        with contextlib.suppress(RuntimeError):  # closed meanwhile
+            loop.call_soon_threadsafe(publish)
+            return True
+    return False
 
 
 def count_from_thread(counted: Mapping[tuple[str, str, str], int]) -> None:

@@ -135,7 +135,8 @@ class Site:
         #: written by ``tests.tasksite.side_effect`` if a worker ever imports it
         self.imported = gateway.var_dir / "side-effect-imported"
         self.driver = Driver(env)
-        consume = gateway.issue_token("consume:tw*", name="task-worker")
+        # consume on its queues, publish on the tasks' topics (progress, outcomes)
+        consume = gateway.issue_token("consume:tw*", "publish:task.*", name="task-worker")
         self.worker_env = {
             k: v for k, v in env.items() if k not in ("GATEWAY_SQLITE_PATH", "DATABASE_URL")
         }
@@ -173,6 +174,25 @@ class Site:
         url = f"{self.gateway.http}/api/queues/{queue}"
         status, doc = http("PATCH", url, self.admin, settings)
         assert status == 200, doc
+
+    def topic(self, result_id: str) -> list[Any]:
+        """The bodies the task's topic keeps, oldest first."""
+        url = f"{self.gateway.http}/api/topics/task.{result_id}/history?limit=1000"
+        status, doc = http("GET", url, self.admin)
+        assert status == 200, doc
+        return [item["body"] for item in doc["items"]]
+
+    def topic_ends(self, result_id: str) -> list[Any]:
+        """The task topic's bodies once the last one is an outcome."""
+        try:
+            found: list[Any] = wait_until_blocking(
+                lambda: (t := self.topic(result_id)) and t[-1]["status"] in FINISHED and t,
+                f"the outcome on task.{result_id}",
+            )
+        except AssertionError as exc:
+            logs = "\n".join(w.log_text()[-3000:] for w in self.workers)
+            raise AssertionError(f"{exc}\nworkers' logs:\n{logs}") from exc
+        return found
 
     def stop_workers(self) -> None:
         for worker in self.workers:
@@ -435,3 +455,95 @@ def test_a_gateway_restart_mid_task_loses_nothing_and_runs_it_once(
     (result,) = tw.driver.finished(after)
     assert result["return_value"] == 3
     assert worker.proc.poll() is None
+
+
+# -- protocol 1.2, Tasks: progress on the task's topic, and cancel ---------------------
+
+
+def test_progress_and_the_outcome_reach_the_task_topic(tw: Site) -> None:
+    """``progress()`` publishes RUNNING on ``task.RESULT_ID``, the outcome follows,
+    and the topic keeps them (the last 100, for an hour) for a page that opens late."""
+    q = unique("tw")
+    tw.configure(q, max_deliveries=1)
+    ok = tw.driver.enqueue("steps", q, 3)
+    bad = tw.driver.enqueue("fail", q)
+    tw.worker(q)
+    tw.driver.finished(ok, bad)
+
+    assert tw.topic_ends(ok) == [
+        {"status": "RUNNING", "progress": {"step": 0}},
+        {"status": "RUNNING", "progress": {"step": 1}},
+        {"status": "RUNNING", "progress": {"step": 2}},
+        {"status": "SUCCESSFUL", "return_value": "3 steps"},
+    ]
+    assert tw.topic_ends(bad) == [{"status": "FAILED", "error": "builtins.ValueError: boom"}]
+    status, doc = http("GET", f"{tw.gateway.http}/api/topics/task.{ok}", tw.admin)
+    assert status == 200, doc
+    assert (doc["history_size"], doc["history_ttl"], doc["offset"]) == (100, 3600.0, 4)
+
+
+def test_cancel_mid_task_cancels_an_async_task_and_tells_a_sync_one(
+    tw: Site, tmp_path: Path
+) -> None:
+    q = unique("tw")
+    mark = str(tmp_path / "marks")
+    in_async = tw.driver.enqueue("async_until_cancelled", q, mark=mark)
+    in_sync = tw.driver.enqueue("sync_until_cancelled", q, mark=mark)
+    worker = tw.worker(q, concurrency=2)
+    for result_id in (in_async, in_sync):
+        wait_until_blocking(lambda r=result_id: tw.topic(r), f"task.{result_id} running")
+        assert tw.driver.call(op="cancel", id=result_id) == {"cancelled": True}
+
+    for result_id in (in_async, in_sync):
+        *_, end = tw.topic_ends(result_id)
+        assert end["status"] == "FAILED"
+        assert end["error"].startswith("leasecast.errors.Cancelled: the task was cancelled")
+        result = tw.driver.result(result_id)
+        assert result["status"] == "FAILED"
+        assert result["errors"][-1]["exception_class_path"] == "leasecast.errors.Cancelled"
+        assert tw.driver.call(op="cancel", id=result_id) == {"cancelled": False}  # dead already
+    # The async task got CancelledError; the sync one saw cancelled() and returned.
+    assert sorted(name for name, _ in marks(tmp_path / "marks")) == [
+        "async-cancelled",
+        "sync-saw-cancelled",
+    ]
+    stats = tw.queue(q)
+    assert (stats["dead"], stats["visible"], stats["in_flight"]) == (2, 0, 0)
+    assert "CANCELLED" in worker.log_text()
+    assert worker.proc.poll() is None
+
+
+def test_a_sync_task_that_ignores_its_cancel_is_abandoned_after_the_grace(
+    tw: Site, tmp_path: Path
+) -> None:
+    q = unique("tw")
+    release = tmp_path / "release"
+    stuck = tw.driver.enqueue("sync_ignores_cancel", q, str(release))
+    waiting = tw.driver.enqueue("add", q, 1, 2)  # waits for a slot: concurrency 1
+    tw.worker(q, concurrency=1, grace=1.0)
+    wait_until_blocking(lambda: tw.topic(stuck), f"task.{stuck} running")
+    assert tw.driver.call(op="cancel", id=stuck) == {"cancelled": True}
+
+    *_, end = tw.topic_ends(stuck)
+    assert end["status"] == "FAILED"
+    assert end["error"].startswith("leasecast.errors.Cancelled: ")
+    assert "abandoned" in end["error"]
+    # Its slot is free again: the next task runs while the abandoned thread still does.
+    (added,) = tw.driver.finished(waiting)
+    assert (added["status"], added["return_value"]) == ("SUCCESSFUL", 3)
+    release.touch()
+
+
+def test_a_task_cancelled_before_it_runs_never_runs(tw: Site, tmp_path: Path) -> None:
+    q = unique("tw")
+    mark = str(tmp_path / "marks")
+    result_id = tw.driver.enqueue("add", q, 1, 1, mark=mark)
+    assert tw.driver.call(op="cancel", id=result_id) == {"cancelled": True}
+    result = tw.driver.result(result_id)
+    assert result["status"] == "FAILED"
+    assert result["errors"][-1]["exception_class_path"] == "leasecast.errors.Cancelled"
+    after = tw.driver.enqueue("add", q, 2, 2, mark=mark)
+    tw.worker(q)
+    tw.driver.finished(after)
+    assert marks(tmp_path / "marks") and {n for n, _ in marks(tmp_path / "marks")} == {"add"}
+    assert len(marks(tmp_path / "marks")) == 1  # only the second one ran

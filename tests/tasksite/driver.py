@@ -5,6 +5,8 @@ and the gateway's database in the environment. Requests, one JSON object a line:
 
 - ``{"op": "enqueue", "task": PATH, "queue": Q, "priority"?: P, "args"?: [...],
   "kwargs"?: {...}}`` -> ``{"id": RESULT_ID}``
+- ``{"op": "cancel", "id": RESULT_ID}`` -> ``{"cancelled": true|false}``
+  (``gateway.tasks.cancel``)
 - ``{"op": "result", "id": RESULT_ID}`` -> ``{"status", "return_value", "errors":
   [{"exception_class_path", "traceback"}, ...], "attempts", "worker_ids"}``
 
@@ -44,6 +46,10 @@ def _answer(request: dict[str, Any]) -> dict[str, Any]:
             "attempts": result.attempts,
             "worker_ids": list(result.worker_ids),
         }
+    if request["op"] == "cancel":
+        from gateway.tasks import cancel
+
+        return {"cancelled": cancel(request["id"])}
     raise ValueError(f"unknown op {request['op']!r}")
 
 

@@ -98,3 +98,55 @@ async def gated(name: str) -> str:
     while not GATE.is_set():
         await asyncio.sleep(0.01)
     return name
+
+
+@task()
+def steps(n: int, release: str | None = None) -> str:
+    """Reports ``{"step": i}`` for each of ``n`` steps, then waits for ``release`` if given."""
+    from gateway.tasks import progress
+
+    for i in range(n):
+        progress({"step": i})
+    deadline = time.monotonic() + 60
+    while release and not Path(release).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return f"{n} steps"
+
+
+@task()
+async def async_until_cancelled(mark: str) -> str:
+    """Reports once, then sleeps until cancelled (a minute at most)."""
+    from gateway.tasks import progress
+
+    progress("waiting")
+    try:
+        await asyncio.sleep(60)
+    except asyncio.CancelledError:
+        _mark(mark, "async-cancelled")
+        raise
+    return "not cancelled"
+
+
+@task()
+def sync_until_cancelled(mark: str) -> str:
+    """Reports once, then polls ``cancelled()`` until it is true (a minute at most)."""
+    from gateway.tasks import cancelled, progress
+
+    progress("waiting")
+    deadline = time.monotonic() + 60
+    while not cancelled() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _mark(mark, "sync-saw-cancelled" if cancelled() else "sync-timed-out")
+    return "stopped"
+
+
+@task()
+def sync_ignores_cancel(release: str) -> str:
+    """Reports once, then runs until the file ``release`` exists, whatever happens."""
+    from gateway.tasks import progress
+
+    progress("busy")
+    deadline = time.monotonic() + 60
+    while not Path(release).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return "finished anyway"

@@ -24,6 +24,7 @@ from django.test import override_settings
 
 from gateway.client import Delivery
 from gateway.core.errors import StaleReceipt, TooLarge
+from gateway.host.task_progress import TopicPublisher
 from gateway.host.task_worker import (
     Attempt,
     TaskMessage,
@@ -35,6 +36,7 @@ from gateway.host.task_worker import (
     registry_of_modules,
     unrunnable,
 )
+from gateway.tasks import cancelled, progress
 from tests.tasksite import tasks
 
 ATTEMPT = Attempt("r1", "host:1", 1000.0, 1)
@@ -286,3 +288,105 @@ async def test_a_redelivery_of_a_running_message_adopts_its_run() -> None:
     assert tasks.RUNS["adopt"] == 1  # one run for both deliveries
     assert new.sent == [("ack", new.sent[0][1])]
     assert new.sent[0][1]["status"] == "SUCCESSFUL" and new.sent[0][1]["return_value"] == "adopt"
+
+
+# -- the task's topic: progress, outcome, cancel (protocol 1.2, Tasks)
+
+
+class RecordingPublisher(TopicPublisher):
+    """A publisher that records what it would publish."""
+
+    def __init__(self) -> None:
+        super().__init__("http://127.0.0.1:9", "t")
+        self.published: list[tuple[str, Any]] = []
+
+    async def publish(self, topic: str, body: Any) -> bool:
+        await asyncio.sleep(0)  # as a real one does: the loop runs meanwhile
+        self.published.append((topic, body))
+        return True
+
+
+def topic_worker(**kwargs: Any) -> tuple[FixedLimitWorker, RecordingPublisher]:
+    publisher = RecordingPublisher()
+    return FixedLimitWorker(publisher=publisher, **kwargs), publisher
+
+
+async def test_progress_then_the_outcome_go_to_the_task_topic_in_order() -> None:
+    worker, publisher = topic_worker()
+    message = body("steps", 3)
+    op, _ = await handled(RecordingDelivery(message), worker)
+    assert op == "ack"
+    topic = f"task.{message['id']}"
+    assert publisher.published == [
+        (topic, {"status": "RUNNING", "progress": {"step": 0}}),
+        (topic, {"status": "RUNNING", "progress": {"step": 1}}),
+        (topic, {"status": "RUNNING", "progress": {"step": 2}}),
+        (topic, {"status": "SUCCESSFUL", "return_value": "3 steps"}),
+    ]
+
+
+async def test_a_retry_publishes_nothing_and_the_last_failure_publishes_failed() -> None:
+    worker, publisher = topic_worker(limit=2)
+    message = body("fail")
+    await handled(RecordingDelivery(message, deliveries=1), worker)
+    assert publisher.published == []  # READY: the next attempt follows
+    await handled(RecordingDelivery(message, deliveries=2), worker)
+    assert publisher.published == [
+        (f"task.{message['id']}", {"status": "FAILED", "error": "builtins.ValueError: boom"})
+    ]
+
+
+async def test_a_refused_outcome_publishes_what_the_gateway_took() -> None:
+    worker, publisher = topic_worker()
+    delivery = RecordingDelivery(body("add", 1, 1), refuse=[TooLarge("body over 262144 bytes")])
+    await worker.handle(delivery)
+    ((_, published),) = publisher.published
+    assert published["status"] == "FAILED"
+    assert published["error"].startswith("leasecast.errors.TooLarge: the gateway refused")
+
+
+async def test_a_cancel_cancels_an_async_task_and_publishes_cancelled(tmp_path: Path) -> None:
+    worker, publisher = topic_worker()
+    message = body("async_until_cancelled", str(tmp_path / "marks"))
+    delivery = RecordingDelivery(message)
+    handler = asyncio.create_task(worker.handle(delivery))
+    while not publisher.published:  # its progress: it runs
+        await asyncio.sleep(0.01)
+    delivery.cancelled.set()
+    await handler
+    assert delivery.sent == []  # the lease is over: nothing to end
+    assert (tmp_path / "marks").read_text().split()[0] == "async-cancelled"
+    *_, (_, end) = publisher.published
+    assert end == {
+        "status": "FAILED",
+        "error": "leasecast.errors.Cancelled: the task was cancelled while it ran",
+    }
+
+
+async def test_a_cancel_sets_cancelled_for_a_sync_task(tmp_path: Path) -> None:
+    worker, publisher = topic_worker()
+    delivery = RecordingDelivery(body("sync_until_cancelled", str(tmp_path / "marks")))
+    handler = asyncio.create_task(worker.handle(delivery))
+    while not publisher.published:
+        await asyncio.sleep(0.01)
+    delivery.cancelled.set()
+    await handler
+    assert delivery.sent == []
+    assert (tmp_path / "marks").read_text().split()[0] == "sync-saw-cancelled"
+    assert publisher.published[-1][1]["error"].startswith("leasecast.errors.Cancelled: ")
+
+
+async def test_a_delivery_cancelled_before_its_turn_never_runs() -> None:
+    worker, publisher = topic_worker()
+    delivery = RecordingDelivery(body("add", 1, 1))
+    delivery.cancelled.set()
+    await worker.handle(delivery)
+    assert delivery.sent == []
+    assert publisher.published[-1][1]["error"].startswith("leasecast.errors.Cancelled: ")
+
+
+def test_outside_a_worker_progress_does_nothing_and_cancelled_is_false() -> None:
+    progress({"step": 1})  # no worker: nothing to publish to, no error
+    assert cancelled() is False
+    with pytest.raises(TypeError, match="not JSON"):
+        progress(object())  # a mistake shows wherever the task runs

@@ -23,9 +23,10 @@ nothing but the standard library; the gateway uses the same classes through
     │   ├── Backpressure              backpressure   429
     │   │   └── QueueFull                 a bounded queue at max_length
     │   └── Unavailable               unavailable    503
-    └── ClientError                   (client SDK only)
-        └── ConnectionClosed
-            └── TokenExpired              close 4401: reconnect with a fresh token
+    ├── ClientError                   (client SDK only)
+    │   └── ConnectionClosed
+    │       └── TokenExpired              close 4401: reconnect with a fresh token
+    └── Cancelled                     a task whose message was cancelled (a result's error)
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import ClassVar
 __all__ = [
     "Backpressure",
     "BadFrame",
+    "Cancelled",
     "ClientError",
     "ConnectionClosed",
     "Forbidden",
@@ -189,6 +191,13 @@ class TokenExpired(ConnectionClosed):
 
     Not final: the client reconnects with a fresh token (from its token
     callable). A refused token without a callable is :class:`Unauthorized`.
+    """
+
+
+class Cancelled(LeasecastError):
+    """A task was cancelled (protocol 1.2, Cancel): its message was dead-lettered
+    with reason ``cancelled``. A task's result names it as its error
+    (``leasecast.errors.Cancelled``), and its topic is told so.
     """
 
 

@@ -1,0 +1,68 @@
+"""``gateway.tasks.cancel(result_id)``: cancel a task (protocol 1.2, Tasks: Cancel).
+
+The task's message is dead-lettered with reason ``cancelled`` by the queue's
+cancel rule (:func:`gateway.store.operator.cancel_message`), on Django's own
+connection, in the caller's transaction (at once outside one). If it was
+running, the worker holding it is sent the ``cancel`` frame when the
+transaction commits, on whichever gateway process its socket is: an ``async``
+task is cancelled, a sync one sees ``gateway.tasks.cancelled()`` turn true,
+and the worker publishes FAILED with ``leasecast.errors.Cancelled`` on the
+task's topic. A task that had not started is published FAILED here, after
+the commit, when this process serves the gateway (a process that does not
+has no topic to publish to: the result says FAILED all the same).
+"""
+
+from __future__ import annotations
+
+import orjson
+from django.db import transaction
+
+from gateway.core.errors import NotFound
+from gateway.core.task_decisions import cancelled_update, task_topic
+from gateway.engine.notify import announce_cancelled
+from gateway.host.on_django import django_transaction
+from gateway.runtime import publish_from_thread
+from gateway.store.operator import cancel_message
+
+__all__ = ["cancel"]
+
+
+def cancel(result_id: str, *, using: str = "default") -> bool:
+    """Cancel the task whose result id is ``result_id``.
+
+    Args:
+        result_id: the task's result id (``TaskResult.id``).
+        using: the Django database the gateway serves (the backend's
+            ``database`` option).
+
+    Returns:
+        True if the task was cancelled now; False if it had already ended
+        (finished, or its message dead-lettered or deleted before).
+
+    Raises:
+        TaskResultDoesNotExist: no such result.
+    """
+    from gateway.host.tasks import TaskResultDoesNotExist
+    from gateway.models import TaskRecord
+
+    row = TaskRecord.objects.using(using).filter(id=result_id).values_list("queue", "message_id")
+    found = row.first()
+    if found is None:
+        raise TaskResultDoesNotExist(result_id)
+    queue, message_id = found
+    if not message_id:
+        return False
+    with django_transaction(using) as txn:
+        try:
+            q = txn.queue(queue, create=False)
+            outcome = cancel_message(txn, q, int(message_id))
+        except NotFound:
+            return False  # acked (finished) or deleted
+        if outcome.receipt is not None:
+            # Running: its worker is told when this commits, and publishes.
+            announce_cancelled(q.name, str(message_id), outcome.receipt, using)
+        elif outcome.cancelled:
+            body = orjson.dumps(cancelled_update("the task was cancelled before it ran"))
+            topic = task_topic(result_id)
+            transaction.on_commit(lambda: publish_from_thread(topic, body), using=using)
+    return bool(outcome.cancelled)
