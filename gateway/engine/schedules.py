@@ -23,7 +23,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from gateway.core.errors import ProtocolError
 from gateway.core.schedule_ticks import TickRule, due_tick
@@ -36,7 +38,7 @@ if TYPE_CHECKING:
     from gateway.store import Store
     from gateway.store.txn import Txn
 
-__all__ = ["REFRESH", "Scheduler"]
+__all__ = ["REFRESH", "Scheduler", "schedule_fired_family"]
 
 log = logging.getLogger("leasecast.schedules")
 
@@ -273,3 +275,20 @@ def _earliest(a: float | None, b: float | None) -> float | None:
     if b is None:
         return a
     return min(a, b)
+
+
+def schedule_fired_family(cursor: Any) -> Metric:
+    """``leasecast_schedule_fired_total{schedule}``: messages each schedule enqueued.
+
+    Read from the rows (``fired``), so it is the deployment's count whichever
+    process fired, and survives restarts; ``cursor`` is any DB-API cursor.
+    """
+    family = CounterMetricFamily(
+        "leasecast_schedule_fired",
+        "Messages a schedule enqueued, one per tick (a duplicate tick is not counted).",
+        labels=["schedule"],
+    )
+    cursor.execute("SELECT name, fired FROM leasecast_schedule ORDER BY name")
+    for name, fired in cursor.fetchall():
+        family.add_metric([name], int(fired))
+    return family

@@ -9,7 +9,10 @@ queues                 the database. The store adds to ``leasecast_queue_counter
                        (``Txn.count`` / ``Txn.write_counts``), so every path
                        that enqueues, leases, acks or dead-letters counts, on
                        any process or connection, and the totals survive
-                       restarts. The per-state gauge is read at scrape time.
+                       restarts; so is the lease-length histogram (each ack
+                       adds to its bucket's counter). The per-state gauge
+                       and the oldest visible message's age are read at
+                       scrape time.
 topics and sockets     each process's memory (:class:`Registry`). With Redis
                        (``REDIS_URL``), every process adds its new counts to
                        one Redis hash each second (``HINCRBY``) and writes its
@@ -50,6 +53,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from gateway.core.leases import LEASE_SECONDS_BUCKETS, format_bound
+from gateway.engine.schedules import schedule_fired_family
 from gateway.store.leasing import LEASE_SECONDS, LEASE_SECONDS_SUM
 from gateway.topics.presence import shared_presence_counts
 
@@ -532,6 +536,7 @@ def scrape(process: ProcessMetrics) -> bytes:
         counters, sockets = registry.totals(), {registry.process: registry.sockets()}
     with connection.cursor() as cursor:  # Django's: %s placeholders on SQLite too
         figures = read_queue_figures(cursor, time.time())
+        figures.more.append(schedule_fired_family(cursor))
     figures.counters, figures.sockets = counters, sockets
     # Members of topics with presence: every process's, as Redis holds them
     # (gateway.topics.presence), else this one process's.

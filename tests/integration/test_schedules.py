@@ -13,10 +13,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -241,6 +243,13 @@ async def test_every_tick_once_across_processes_crashes_and_catch_up(
             gw.stop()
 
 
+def _metrics(gw: GatewayProcess, token: str) -> str:
+    request = urllib.request.Request(f"{gw.http}/metrics")
+    request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return response.read().decode()  # type: ignore[no-any-return]
+
+
 def _label(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -305,6 +314,15 @@ async def test_leasecast_schedules_enqueue_tasks_as_the_backend(
         )
         assert body["id"] != mine[1]["body"]["id"]  # a result of its own per tick
         assert _task_result(gw, body["id"]) == ["READY", "[2, 3] tests.tasksite.tasks.add"]
+
+        # GET /metrics counts what each schedule enqueued, from the rows.
+        text = await asyncio.to_thread(_metrics, gw, token)
+        (line,) = [
+            x
+            for x in text.splitlines()
+            if x.startswith(f'leasecast_schedule_fired_total{{schedule="{name}"}}')
+        ]
+        assert float(line.split()[-1]) >= 2
 
         # The API does not change what the setting keeps.
         status, error = await ahttp(
