@@ -4,7 +4,15 @@ One :class:`QueuePump` per queue per process. It runs a lease round (one
 ``Lease`` op for the summed demand of its sockets) when the
 :class:`~gateway.core.leases.LeaseScheduler` says a round is worth it: something
 was woken (an enqueue, a release, the timer of the next due message) and a
-socket has room under its ``prefetch``. It never polls.
+socket has room under its ``prefetch``. It never polls an idle queue.
+
+A queue's control settings (protocol 1.2) need no pump logic of their own:
+the store's lease round applies them and says when to look again
+(``LeaseResult.next_due``): when the next token accrues for a rate limit,
+a second later for a queue at its ``max_in_flight`` (a lease that ends on
+this process, or by ``NOTIFY`` on another, wakes the pump sooner), the
+settings TTL later (at least a second) for a paused one (a resume wakes it
+sooner the same ways). A waiting worker never costs more than a round a second.
 """
 
 from __future__ import annotations
