@@ -35,6 +35,7 @@ from typing import Any
 
 __all__ = [
     "OUTBOX_FRAMES",
+    "STREAM_PREFIXES",
     "TRANSPORT_EXTENSION",
     "SocketWindow",
     "TransportFlow",
@@ -49,6 +50,10 @@ OUTBOX_FRAMES = 4
 
 #: The key of a connection's :class:`TransportFlow` in ``scope["extensions"]``.
 TRANSPORT_EXTENSION = "leasecast.transport"
+
+#: HTTP paths whose responses stream for long (server-sent events): their
+#: requests get a :class:`TransportFlow` too, under daphne.
+STREAM_PREFIXES = ("/sse/",)
 
 
 class SocketWindow:
@@ -129,6 +134,7 @@ class TransportFlow:
         if self._previous is not None:
             transport.unregisterProducer()
         transport.registerProducer(self, True)
+        self._consumer: Any = transport
 
     def listen(self, listener: Callable[[bool], None]) -> None:
         """Call ``listener(paused)`` on every change (now too, if paused already)."""
@@ -157,6 +163,14 @@ class TransportFlow:
         if self._previous is not None:
             self._previous.stopProducing()
             self._previous = None
+
+    def detach(self) -> None:
+        """Stop listening and take this producer off its consumer (an event stream's
+        request that ended: the connection may serve another request)."""
+        self._listeners.clear()
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None and getattr(consumer, "producer", None) is self:
+            consumer.unregisterProducer()
 
     def _change(self, paused: bool) -> None:
         if paused == self.paused:
@@ -187,6 +201,15 @@ def with_transport_flow(base: type[Any]) -> type[Any]:
         def create_application(self, protocol: Any, scope: dict[str, Any]) -> Any:
             if scope.get("type") == "websocket" and protocol.transport is not None:
                 flow = TransportFlow(protocol.transport)
+                scope["extensions"] = {**(scope.get("extensions") or {}), TRANSPORT_EXTENSION: flow}
+            elif scope.get("type") == "http" and str(scope.get("path", "")).startswith(
+                STREAM_PREFIXES
+            ):
+                # An event stream: the producer goes on the request, which
+                # Twisted pauses while the connection's write buffer is full;
+                # the stream detaches it when it ends (a kept-alive
+                # connection's next request may register its own).
+                flow = TransportFlow(protocol)
                 scope["extensions"] = {**(scope.get("extensions") or {}), TRANSPORT_EXTENSION: flow}
             return super().create_application(protocol, scope)
 
