@@ -152,6 +152,8 @@ class MultiplexSocket(GatewaySocket):
         self.require("subscribe", topic)
         entry = _Carried(self, self.subscribe(topic, frame.options), frame.ref)
         self.carried[topic] = entry
+        # A refreshed token must still allow it, as a subscriber socket's URL.
+        self._url_checks.add(("subscribe", topic))
         task = asyncio.ensure_future(self._start(entry))
         self._starts.add(task)
         task.add_done_callback(self._starts.discard)
@@ -163,6 +165,7 @@ class MultiplexSocket(GatewaySocket):
         except Exception as exc:
             if self.carried.get(sub.topic) is entry:
                 del self.carried[sub.topic]
+                self._url_checks.discard(("subscribe", sub.topic))
             sub.close()
             if isinstance(exc, ProtocolError):
                 self.push(encode_error(exc.code, exc.detail, entry.ref))
@@ -191,6 +194,7 @@ class MultiplexSocket(GatewaySocket):
         entry = self.carried.pop(topic, None)
         if entry is None:
             raise Invalid(f"topic {topic!r} is not subscribed on this socket")
+        self._url_checks.discard(("subscribe", topic))
         if entry.starting:
             entry.leaving = (frame.ref,)  # answered once its subscribe is
             return
@@ -214,14 +218,16 @@ class MultiplexSocket(GatewaySocket):
         topic = entry.sub.topic
         if self.carried.get(topic) is entry:
             del self.carried[topic]
+            self._url_checks.discard(("subscribe", topic))
         # While it started, this is the reply to its subscribe.
         self.push(encode_unsubscribed(topic, reason, entry.ref if entry.starting else None))
 
     def describe(self) -> dict[str, Any]:
-        """This socket's live state for ``/api/stats``: its first subscriptions."""
+        """This socket's live state for ``/api/stats``: its first started subscriptions."""
         entries = list(self.carried.values())
+        started = [entry for entry in entries if not entry.starting]
         return {
             **self.identity(),
             "subscriptions": len(entries),
-            "topics": [entry.sub.describe() for entry in entries[:DESCRIBED]],
+            "topics": [entry.sub.describe() for entry in started[:DESCRIBED]],
         }

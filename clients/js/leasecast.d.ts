@@ -132,6 +132,31 @@ export interface SubscribeOptions<T = unknown> extends LinkOptions {
   recover?: "latest";
   /** Track the position and resume after reconnects (default true). */
   resume?: boolean;
+  /** Presence (the topic's setting must be on): keep `members`, call onJoin/onLeave. */
+  presence?: boolean;
+  /** Another subscription of the topic arrived (with presence). */
+  onJoin?: (member: Member) => void;
+  /** Another subscription of the topic went (with presence). */
+  onLeave?: (member: Member) => void;
+  /** Share the client's one socket `/ws/` (default: the client's `multiplex`, true). */
+  multiplex?: boolean;
+}
+
+/** A member of a topic's presence: one subscription, on any gateway process. */
+export interface Member {
+  /** Unique per subscription. */
+  client: string;
+  /** The signed token's `sub`, the stored token's name, or the user's username. */
+  user: string;
+  /** The signed token's `info` claim (a leave carries none). */
+  info?: Record<string, unknown> | null;
+}
+
+/** `GET /api/topics/TOPIC/presence`. */
+export interface PresenceDocument {
+  topic: string;
+  count: number;
+  clients: Member[];
 }
 
 export interface WorkOptions extends LinkOptions {
@@ -172,6 +197,8 @@ export interface ClientOptions {
   refreshLead?: number;
   /** Errors no promise returns (default: console.error). */
   onError?: (error: Error) => void;
+  /** Subscriptions share one socket `/ws/` (default true); false: a socket each. */
+  multiplex?: boolean;
 }
 
 // ---------------------------------------------------------------- sockets
@@ -198,6 +225,37 @@ export declare class Subscription<T = unknown> extends Link {
   /** Messages lost to the buffer policy, as the gateway reported. */
   readonly dropped: number;
 }
+
+/**
+ * A subscription carried by the client's one multiplexed socket `/ws/` (what
+ * `subscribe` returns by default): the same callbacks and resume as a
+ * {@link Subscription}; after a reconnect every topic resumes together.
+ */
+export declare class MuxSubscription<T = unknown> {
+  readonly topic: string;
+  readonly state: LinkState;
+  readonly reconnects: number;
+  readonly closed: boolean;
+  /** Why the gateway refused it (forbidden, invalid), else null. */
+  readonly error: Error | null;
+  readonly done: Promise<Error | null>;
+  readonly position: Position;
+  readonly dropped: number;
+  /** The topic's members by client id (with `presence: true`). */
+  readonly members: Map<string, Member>;
+  whenOpen(): Promise<void>;
+  close(): Promise<void>;
+}
+
+/** The `subscribe` frame of `/ws/` for a topic, its options and its next parameters. */
+export declare function subscribeFrame(
+  topic: string,
+  options: SubscribeOptions,
+  params: Record<string, unknown>,
+): Frame;
+
+/** A `presence`, `join` or `leave` frame as member changes. */
+export declare function presenceChanges(frame: Frame): { joins: Member[]; leaves: Member[] };
 
 export declare class Delivery<T = unknown> {
   readonly queue: string;
@@ -230,7 +288,13 @@ export declare class Leasecast {
   constructor(url?: string | URL, options?: ClientOptions);
   constructor(options: ClientOptions);
   readonly url: string;
-  subscribe<T = unknown>(topic: string, options?: SubscribeOptions<T>): Subscription<T>;
+  /** One socket `/ws/` for all (a MuxSubscription), or `multiplex: false`: a socket each. */
+  subscribe<T = unknown>(
+    topic: string,
+    options?: SubscribeOptions<T>,
+  ): MuxSubscription<T> | Subscription<T>;
+  /** Who is subscribed to a topic with presence, on every gateway process. */
+  presence(topic: string): Promise<PresenceDocument>;
   consume<T = unknown>(
     queue: string,
     handler: (delivery: Delivery<T>) => unknown | Promise<unknown>,
@@ -248,6 +312,37 @@ export declare class Leasecast {
   close(): Promise<void>;
 }
 export default Leasecast;
+
+// ---------------------------------------------------------------- tasks
+
+/** What a task's topic `task.RESULT_ID` carries (docs/clients.md, "Following a task"). */
+export interface TaskUpdate {
+  status: "RUNNING" | "SUCCESSFUL" | "FAILED";
+  /** RUNNING: what the task passed to `gateway.tasks.progress()`. */
+  progress?: unknown;
+  /** SUCCESSFUL: what the task returned. */
+  return_value?: unknown;
+  /** FAILED: "module.Class: message" (`leasecast.errors.Cancelled: ...` if cancelled). */
+  error?: string;
+}
+
+export interface WatchTaskOptions extends Omit<SubscribeOptions<TaskUpdate>, "onMessage"> {
+  onProgress?: (progress: unknown, update: TaskUpdate) => void | Promise<void>;
+  /** The outcome (SUCCESSFUL or FAILED); the subscription is closed then. */
+  onDone?: (outcome: TaskUpdate) => void | Promise<void>;
+}
+
+/** Follow a task: its latest update first, then each one, resuming by itself. */
+export declare function watchTask(
+  client: Leasecast,
+  resultId: string,
+  options?: WatchTaskOptions,
+): Subscription<TaskUpdate>;
+
+export declare interface Leasecast {
+  /** {@link watchTask} on this client. */
+  watchTask(resultId: string, options?: WatchTaskOptions): Subscription<TaskUpdate>;
+}
 
 // ---------------------------------------------------------------- pure parts
 

@@ -891,6 +891,283 @@ export class Subscription extends Link {
   }
 }
 
+/**
+ * The `subscribe` frame of one topic on the multiplexed socket `/ws/`, from a
+ * subscription's options and its core's next parameters (credit, resume).
+ */
+export function subscribeFrame(topic, options, params) {
+  const frame = { op: "subscribe", topic, ref: `sub:${topic}` };
+  const fields = {
+    capacity: options.capacity,
+    on_full: options.onFull,
+    priority: options.priority,
+    presence: options.presence ? true : undefined,
+    ...params,
+  };
+  for (const [key, value] of Object.entries(fields)) {
+    if (value !== undefined && value !== null) frame[key] = value;
+  }
+  return frame;
+}
+
+/**
+ * Presence frames (`presence`, `join`, `leave`) as member changes:
+ * `{joins: [{client, user, info}], leaves: [{client, user}]}`.
+ */
+export function presenceChanges(frame) {
+  if (frame.op === "presence") {
+    return { joins: frame.joins || [], leaves: frame.leaves || [] };
+  }
+  if (frame.op === "join") {
+    return { joins: [{ client: frame.client, user: frame.user, info: frame.info ?? null }], leaves: [] };
+  }
+  if (frame.op === "leave") {
+    return { joins: [], leaves: [{ client: frame.client, user: frame.user }] };
+  }
+  return { joins: [], leaves: [] };
+}
+
+/**
+ * One socket `/ws/` carrying the subscriptions of a client (protocol 1.2,
+ * "The multiplexed socket"). It opens with the first subscription and
+ * closes after the last; after a reconnect it subscribes every topic again,
+ * each from its own position, so they resume together.
+ */
+class Multiplex extends Link {
+  constructor(client) {
+    super(client, {});
+    this.topics = new Map(); // topic -> MuxSubscription
+  }
+
+  path() {
+    return "/ws/";
+  }
+
+  add(sub) {
+    this.topics.set(sub.topic, sub);
+    if (this.ws && this.ws.readyState === OPEN) sub._subscribe(this.ws);
+  }
+
+  remove(sub) {
+    if (this.topics.get(sub.topic) !== sub) return;
+    this.topics.delete(sub.topic);
+    const ws = this.ws;
+    if (ws && ws.readyState === OPEN && sub.subscribedOn === ws) {
+      this._request(ws, { op: "unsubscribe", topic: sub.topic }).catch(() => {});
+    }
+    if (this.topics.size === 0) this.close();
+  }
+
+  _setState(state, info = {}) {
+    super._setState(state, info);
+    for (const sub of this.topics.values()) sub._call(sub.options.onStateChange, state, info);
+  }
+
+  _reportError(err) {
+    if (err && err.ref && String(err.ref).startsWith("sub:")) {
+      const sub = this.topics.get(String(err.ref).slice(4));
+      if (sub) {
+        sub._refused(err);
+        return;
+      }
+    }
+    super._reportError(err);
+  }
+
+  opened(ws) {
+    for (const sub of this.topics.values()) sub._subscribe(ws);
+  }
+
+  frame(frame, ws) {
+    if (frame.op === "error" && typeof frame.ref === "string" && frame.ref.startsWith("sub:")) {
+      const sub = this.topics.get(frame.ref.slice(4));
+      if (sub) sub._refused(errorFromFrame(frame));
+      return;
+    }
+    const sub = typeof frame.topic === "string" ? this.topics.get(frame.topic) : undefined;
+    if (!sub) {
+      if (frame.op === "error") this._reportError(errorFromFrame(frame));
+      return;
+    }
+    sub._frame(frame, ws);
+  }
+
+  lost() {
+    for (const sub of this.topics.values()) sub.subscribedOn = null;
+  }
+
+  _finish(error) {
+    super._finish(error);
+    for (const sub of [...this.topics.values()]) sub._ended(error);
+    this.topics.clear();
+    if (this.client._mux === this) this.client._mux = null;
+  }
+}
+
+/**
+ * A topic subscription carried by the client's one multiplexed socket: what
+ * `client.subscribe(topic, options)` returns by default. The same options,
+ * callbacks and resume as a subscription on a socket of its own
+ * ({@link Subscription}); with `presence: true` it also keeps the topic's
+ * `members` and calls `onJoin(member)` / `onLeave(member)`.
+ */
+export class MuxSubscription {
+  constructor(client, topic, options = {}) {
+    this.client = client;
+    this.topic = topic;
+    this.options = options;
+    this.core = new SubscriberCore(topic, options);
+    this.members = new Map(); // client id -> {client, user, info}
+    this.closed = false;
+    this.error = null;
+    this.subscribedOn = null; // the socket the current subscription is on
+    this._everSubscribed = false; // the gateway said `subscribed` once
+    this._chain = Promise.resolve();
+    this.done = new Promise((resolve) => {
+      this._resolveDone = resolve;
+    });
+  }
+
+  /** The multiplexed socket carrying it. */
+  get link() {
+    return this.client._mux;
+  }
+
+  get state() {
+    return this.closed ? "closed" : this.link ? this.link.state : "closed";
+  }
+
+  get reconnects() {
+    return this.link ? this.link.reconnects : 0;
+  }
+
+  /** `{epoch, offset}` of the last message received (save it to resume after a reload). */
+  get position() {
+    return { epoch: this.core.position.epoch, offset: this.core.position.offset };
+  }
+
+  /** Messages this subscription lost to its buffer policy, as the gateway reported. */
+  get dropped() {
+    return this.core.dropped;
+  }
+
+  _call(callback, ...args) {
+    if (!callback) return undefined;
+    try {
+      const result = callback(...args);
+      if (result && typeof result.then === "function") {
+        return result.then(undefined, (err) => this._reportError(err));
+      }
+      return result;
+    } catch (err) {
+      this._reportError(err);
+      return undefined;
+    }
+  }
+
+  _reportError(err) {
+    const handler = this.options.onError || this.client.onError;
+    if (handler) {
+      try {
+        handler(err);
+      } catch {
+        // An error handler that throws has nobody left to tell.
+      }
+    } else if (globalThis.console) {
+      globalThis.console.error("leasecast:", err);
+    }
+  }
+
+  _subscribe(ws) {
+    if (this.closed) return;
+    const resumed = this._everSubscribed;
+    this.subscribedOn = ws;
+    const frame = subscribeFrame(this.topic, this.options, this.core.openParams());
+    ws.send(JSON.stringify(frame));
+    if (resumed && !this.core.position.resuming) {
+      // Subscribed again without a position to resume (never told one).
+      this._call(this.options.onRecover, {
+        recovered: false,
+        epoch: null,
+        offset: null,
+        since: this.core.position.offset,
+      });
+    }
+  }
+
+  _frame(frame, ws) {
+    if (frame.op === "subscribed") this._everSubscribed = true;
+    if (this.closed || ws !== this.subscribedOn) return;
+    if (frame.op === "unsubscribed") {
+      // The gateway ended it (slow consumer, the topic's offsets restarted):
+      // subscribe again from the position, as a socket of its own reconnects.
+      this.members.clear();
+      this._subscribe(ws);
+      return;
+    }
+    if (frame.op === "presence" || frame.op === "join" || frame.op === "leave") {
+      const { joins, leaves } = presenceChanges(frame);
+      for (const member of joins) {
+        this.members.set(member.client, member);
+        this._call(this.options.onJoin, member);
+      }
+      for (const member of leaves) {
+        this.members.delete(member.client);
+        this._call(this.options.onLeave, member);
+      }
+      return;
+    }
+    for (const event of this.core.handle(frame)) {
+      if (event.type === "recover") {
+        this._call(this.options.onRecover, event.info);
+      } else if (event.type === "drop") {
+        this._call(this.options.onDrop, event.n, { total: this.core.dropped });
+      } else if (event.type === "error") {
+        this._reportError(event.error);
+      } else if (event.type === "message") {
+        // In order, one at a time: an async onMessage holds back the credit.
+        this._chain = this._chain.then(async () => {
+          if (event.fresh) await this._call(this.options.onMessage, event.message);
+          const grant = this.core.consumed(event.generation);
+          if (grant > 0 && !this.closed && this.subscribedOn === ws && ws.readyState === OPEN) {
+            ws.send(JSON.stringify({ op: "credit", topic: this.topic, n: grant }));
+          }
+        });
+      }
+    }
+  }
+
+  _refused(error) {
+    // Refused by the gateway (forbidden, invalid, too many): final for this topic.
+    this._reportError(error);
+    this._ended(error);
+    const link = this.link;
+    if (link) link.remove(this);
+  }
+
+  _ended(error) {
+    if (this.closed && this.error !== null) return;
+    this.closed = true;
+    this.error = error || null;
+    this._resolveDone(this.error);
+  }
+
+  /** Whether a socket is open for it (or the client gave up). */
+  whenOpen() {
+    return this.link ? this.link.whenOpen() : Promise.resolve();
+  }
+
+  /** Stop receiving the topic. Resolves once done. */
+  close() {
+    if (!this.closed) {
+      const link = this.link;
+      this._ended(null);
+      if (link) link.remove(this);
+    }
+    return this.done.then(() => undefined);
+  }
+}
+
 /** One leased message in a worker: settle it with ack, nack or reject (once). */
 export class Delivery {
   constructor(consumer, ws, record) {
@@ -1060,6 +1337,9 @@ export class Leasecast {
     this._tokenPromise = null;
     this._links = new Set();
     this._producer = null;
+    // One multiplexed socket for this client's subscriptions (unless multiplex: false).
+    this.multiplex = options.multiplex ?? true;
+    this._mux = null;
   }
 
   /** The token for a new socket: the current one, or a new one from getToken when due. */
@@ -1104,10 +1384,52 @@ export class Leasecast {
    * `onMessage(message)` (may be async: credit waits for it), `onDrop(n)`,
    * `onRecover({recovered, epoch, offset, since})`, `since` and `epoch` (a
    * saved position), `recover: "latest"`, `resume` (default true),
-   * `onStateChange(state)`, `onError(error)`.
+   * `presence` (with `onJoin(member)`, `onLeave(member)`),
+   * `onStateChange(state)`, `onError(error)`, `multiplex`.
+   *
+   * By default every subscription of this client shares one socket (`/ws/`,
+   * a {@link MuxSubscription}); `multiplex: false` (here or on the client)
+   * gives it a socket of its own (a {@link Subscription}). Both have
+   * `close()`, `done`, `position`, `dropped` and `state`.
    */
   subscribe(topic, options = {}) {
-    return this._track(new Subscription(this, topic, options));
+    if (!(options.multiplex ?? this.multiplex)) {
+      return this._track(new Subscription(this, topic, options));
+    }
+    if (this._mux && this._mux.topics.has(topic)) {
+      throw new Invalid(`topic ${topic} is subscribed on this client already`);
+    }
+    if (!this._mux || this._mux.closed) {
+      this._mux = new Multiplex(this);
+      this._links.add(this._mux);
+      const mux = this._mux;
+      mux.done.then(() => this._links.delete(mux));
+      const sub = new MuxSubscription(this, topic, options);
+      mux.add(sub);
+      mux.start();
+      return sub;
+    }
+    const sub = new MuxSubscription(this, topic, options);
+    this._mux.add(sub);
+    return sub;
+  }
+
+  /**
+   * Who is subscribed to a topic with presence, on every gateway process:
+   * `GET /api/topics/TOPIC/presence` with this client's token; resolves to
+   * `{topic, count, clients: [{client, user, info}]}`.
+   */
+  async presence(topic) {
+    const token = await this._token();
+    const base = this.url.replace(/^ws/, "http").replace(/\/+$/, "");
+    const response = await fetch(`${base}${namePath("/api/topics/", topic)}presence`, {
+      headers: token ? { Authorization: `Bearer ${token}` } : {},
+    });
+    const body = await response.json();
+    if (!response.ok) {
+      throw errorFromFrame({ op: "error", code: body.error, detail: body.detail });
+    }
+    return body;
   }
 
   /** Work a queue: `handler(delivery)`; options `prefetch`, `visibilityTimeout`, `nackDelay`, `autoAck`. */
@@ -1144,5 +1466,43 @@ export class Leasecast {
     await Promise.all([...this._links].map((link) => link.close()));
   }
 }
+
+// ---------------------------------------------------------------- tasks
+
+/**
+ * Follow a django.tasks task run by `leasecast_worker` (docs/clients.md,
+ * "Following a task"): its topic `task.RESULT_ID` carries
+ * `{status: "RUNNING", progress}` updates, then `{status: "SUCCESSFUL",
+ * return_value}` or `{status: "FAILED", error}`. It starts from the topic's
+ * latest message (a page opened late, or reloaded, shows where the task is),
+ * resumes by itself after a reconnect, and stops after the outcome.
+ * Options: `onProgress(progress, update)`, `onDone(outcome)`; the others go
+ * to `subscribe` (`onError`, `onStateChange`, ...). Returns the subscription
+ * (`close()` it to stop watching). The token needs `subscribe:task.RESULT_ID`.
+ */
+export function watchTask(client, resultId, options = {}) {
+  const { onProgress, onDone, ...rest } = options;
+  let finished = false;
+  const subscription = client.subscribe(`task.${resultId}`, {
+    recover: "latest",
+    ...rest,
+    onMessage: async ({ body }) => {
+      if (finished || !body || typeof body !== "object") return;
+      if (body.status === "RUNNING") {
+        await onProgress?.(body.progress, body);
+      } else if (body.status === "SUCCESSFUL" || body.status === "FAILED") {
+        finished = true;
+        subscription.close();
+        await onDone?.(body);
+      }
+    },
+  });
+  return subscription;
+}
+
+/** `client.watchTask(resultId, {onProgress, onDone})`: {@link watchTask} on this client. */
+Leasecast.prototype.watchTask = function watchTaskOf(resultId, options) {
+  return watchTask(this, resultId, options);
+};
 
 export default Leasecast;

@@ -110,9 +110,15 @@ async def open_example(chromium: Any, site: GatewayProcess, view: TokenView) -> 
 
 
 async def subscriber_sockets(site: GatewayProcess, admin: str, topic: str) -> list[dict[str, Any]]:
+    """The sockets subscribed to ``topic``: subscriber sockets, and multiplexed
+    sockets carrying it (their state of that topic merged in)."""
     status, stats = await ahttp("GET", f"{site.http}/api/stats", admin)
     assert status == 200, stats
-    return [s for s in stats["sockets"] if s["kind"] == "subscriber" and s.get("topic") == topic]
+    found = [s for s in stats["sockets"] if s["kind"] == "subscriber" and s.get("topic") == topic]
+    for s in stats["sockets"]:
+        if s["kind"] == "multiplex":
+            found += [{**s, **t} for t in s["topics"] if t["topic"] == topic]
+    return found
 
 
 async def publish(site: GatewayProcess, admin: str, topic: str, bodies: list[Any]) -> None:
@@ -687,5 +693,82 @@ async def test_a_refused_token_is_an_auth_error_not_an_outage(
     renewed = await page.evaluate("window.renewedOut()")
     assert (renewed["calls"], renewed["recovers"], renewed["reconnects"]) == (2, [], 0)
     await page.evaluate("window.renewed.close()")
+    assert errors == []
+    await page.close()
+
+
+MULTIPLEX_PAGE_SCRIPT = """
+async ({ token, topics, room }) => {
+  const { Leasecast } = await import("/static/leasecast/leasecast.js");
+  const client = new Leasecast(location.origin, { token });
+  const got = Object.fromEntries(topics.map((t) => [t, []]));
+  const joins = [];
+  const leaves = [];
+  const subs = topics.map((topic) =>
+    client.subscribe(topic, { credit: 4, onMessage: ({ body }) => got[topic].push(body) }),
+  );
+  const roomSub = client.subscribe(room, {
+    presence: true,
+    onMessage: () => {},
+    onJoin: (m) => joins.push([m.user, m.info]),
+    onLeave: (m) => leaves.push(m.user),
+  });
+  window.mux = { client, got, subs, roomSub, joins, leaves };
+  await Promise.all([...subs, roomSub].map((s) => s.whenOpen()));
+}
+"""
+
+
+async def test_several_subscriptions_share_one_socket_and_see_presence(
+    browser: Any,
+    site: GatewayProcess,
+    admin: str,
+) -> None:
+    topics = [f"mux{uuid.uuid4().hex[:6]}" for _ in range(3)]
+    room = f"room{uuid.uuid4().hex[:6]}"
+    status, _ = await ahttp("PATCH", f"{site.http}/api/topics/{room}", admin, {"presence": True})
+    assert status == 200
+    name = f"mux-page-{uuid.uuid4().hex[:6]}"
+    token = site.issue_token(*(f"subscribe:{t}" for t in [*topics, room]), name=name)
+    page = await browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    await page.goto(f"{site.http}/healthz")
+    await page.evaluate(MULTIPLEX_PAGE_SCRIPT, {"token": token, "topics": topics, "room": room})
+
+    async def one_socket_for_all() -> list[dict[str, Any]]:
+        _, stats = await ahttp("GET", f"{site.http}/api/stats", admin)
+        mine = [s for s in stats["sockets"] if s["principal"] == name]
+        carried = {t["topic"] for s in mine for t in s.get("topics", [])}
+        return mine if carried == {*topics, room} else []
+
+    sockets = await wait_until(one_socket_for_all, "the page's one socket carrying four topics")
+    assert [s["kind"] for s in sockets] == ["multiplex"]
+
+    # Each subscription gets exactly its topic's messages, past its credit window.
+    for i, topic in enumerate(topics):
+        await publish(site, admin, topic, [f"{topic}-{n}" for n in range(10 + i)])
+
+    async def all_got() -> bool:
+        got = await page.evaluate("window.mux.got")
+        return all(len(got[t]) == 10 + i for i, t in enumerate(topics))
+
+    await wait_until(all_got, "every topic's messages")
+    got = await page.evaluate("window.mux.got")
+    assert got == {t: [f"{t}-{n}" for n in range(10 + i)] for i, t in enumerate(topics)}
+
+    # Presence: another subscriber joins and leaves; the page is told of both,
+    # and client.presence() lists both while it is there.
+    visitor = mint("visitor-7", [f"subscribe:{room}"], info={"name": "Seven"})
+    async with await Socket.open(f"{site.ws}/ws/topics/{room}/", visitor):
+        await wait_until(
+            lambda: page.evaluate("window.mux.joins.length === 1"), "the visitor's join"
+        )
+        assert await page.evaluate("window.mux.joins") == [["visitor-7", {"name": "Seven"}]]
+        doc = await page.evaluate(f"window.mux.client.presence({json.dumps(room)})")
+        assert doc["count"] == 2 and "visitor-7" in [c["user"] for c in doc["clients"]]
+    await wait_until(lambda: page.evaluate("window.mux.leaves.length === 1"), "the leave")
+    assert await page.evaluate("window.mux.leaves") == ["visitor-7"]
+    await page.evaluate("window.mux.client.close()")
     assert errors == []
     await page.close()

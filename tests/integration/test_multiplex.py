@@ -414,3 +414,20 @@ async def test_python_multiplexer_resumes_its_topics_together_after_a_drop(
         assert got == [[f"{t}-{n}" for n in (*range(5, 10), 10, 11)] for t in topics]
         assert mux.reconnects == 1 and mux.link is not first_link
         assert all(s.gaps == 0 for s in subs)
+
+
+async def test_a_refresh_must_still_allow_every_subscription(deployment: Deployment) -> None:
+    d = deployment
+    kept, other = unique("kept"), unique("other")
+    both = mint("carol", [f"subscribe:{kept}", f"subscribe:{other}"])
+    async with await Socket.open(f"{d.sub.ws}/ws/", both) as s:
+        for topic in (kept, other):
+            assert (await s.request({"op": "subscribe", "topic": topic}))["op"] == "subscribed"
+        narrower = mint("carol", [f"subscribe:{kept}"], ttl=120)
+        reply = await s.request({"op": "refresh", "token": narrower})
+        assert (reply["op"], reply["code"]) == ("error", "forbidden"), reply
+        assert other in reply["detail"]
+        reply = await s.request({"op": "unsubscribe", "topic": other})
+        assert reply["op"] == "unsubscribed"
+        reply = await s.request({"op": "refresh", "token": narrower})
+        assert reply["op"] == "refreshed", reply
