@@ -36,7 +36,9 @@ def _holders() -> dict[int, dict[str, Any]]:
     except LookupError:  # a process without the dashboard's exchange: no holders known
         return {}
     found: dict[int, dict[str, Any]] = {}
-    for process in exchange.latest or exchange.processes():
+    # Described now (not the sampler's snapshot of up to a second ago): a task
+    # leased a moment ago shows its holder. Other processes' are their latest.
+    for process in exchange.processes():
         for socket in process.get("sockets", ()):
             for message_id in socket.get("running", ()):
                 found[message_id] = {

@@ -9,10 +9,9 @@ them and acks them with their outcome, as ``leasecast_worker`` would.
 from __future__ import annotations
 
 import asyncio
-import json
+import os
 import re
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,8 +20,9 @@ import pytest
 
 from tests.support.browsers import PASSWORD, STAFF, browser_missing
 from tests.support.clients import Socket, ahttp, unique
-from tests.support.databases import manage, postgres_database, postgres_unavailable, sqlite_database
+from tests.support.databases import ROOT, postgres_database, postgres_unavailable, sqlite_database
 from tests.support.gateways import GatewayProcess
+from tests.support.task_results import WORKER_ID, enqueue_tasks, settle
 
 pytestmark = [
     pytest.mark.skipif(browser_missing() is not None, reason=str(browser_missing())),
@@ -58,24 +58,6 @@ def token(site: GatewayProcess) -> str:
     return site.issue_token("admin", name="tasks-test")
 
 
-def enqueue_tasks(site: GatewayProcess, *calls: tuple[str, str, list[Any]]) -> list[str]:
-    """Enqueue ``(task, queue, args)`` through the Django task backend; their result ids."""
-    lines = [
-        "import json",
-        "from tests.tasksite import tasks",
-        "ids = []",
-        *(
-            f"ids.append(tasks.{name}.using(queue_name={queue!r}).enqueue(*{args!r}).id)"
-            for name, queue, args in calls
-        ),
-        "print(json.dumps(ids))",
-    ]
-    env = {**site.env, "DJANGO_SETTINGS_MODULE": "tests.tasksite.settings"}
-    out = manage(env, "shell", "-c", "\n".join(lines))
-    ids: list[str] = json.loads(out.strip().splitlines()[-1])
-    return ids
-
-
 def audit_log(site: GatewayProcess) -> str:
     return site.manage(
         "shell",
@@ -84,24 +66,6 @@ def audit_log(site: GatewayProcess) -> str:
         "print('\\n'.join(f'{e.user.username} {e.object_repr}: {e.change_message}' "
         "for e in LogEntry.objects.all()))",
     )
-
-
-async def settle(worker: Socket, delivery: dict[str, Any], status: str) -> None:
-    """Ack a task's delivery with its outcome, as leasecast_worker does."""
-    task: dict[str, Any] = {
-        "id": delivery["body"]["id"],
-        "status": status,
-        "worker_id": "worker-host:4242",
-        "started_at": time.time() - 1,
-    }
-    if status == "FAILED":
-        task["error"] = {
-            "exception_class_path": "builtins.ValueError",
-            "traceback": "Traceback (most recent call last):\nValueError: <b>boom</b>",
-        }
-    else:
-        task["return_value"] = {"sum": delivery["body"]["args"][0] + delivery["body"]["args"][1]}
-    await worker.request({"op": "ack", "receipt": delivery["receipt"], "task": task})
 
 
 async def login(
@@ -167,12 +131,31 @@ async def test_tasks_listed_filtered_retried_and_cancelled_with_worker_rows(
         await status_of(page, held_id, "RUNNING")
         await status_of(page, waiting_id, "READY")
         text = await page.inner_text(row(ok_id))
-        assert "add" in text and "1, 2" in text and "worker-host:4242" in text
+        assert "add" in text and "1, 2" in text and WORKER_ID in text
         assert '{"sum":3}' in text
         failed = await page.inner_text(row(fail_id))
-        assert "builtins.ValueError: ValueError: <b>boom</b>" in failed  # text, not markup
+        assert "ValueError: <b>boom</b>" in failed  # text, not markup
         running = await page.inner_text(row(held_id))
         assert "40, 2" in running and "socket" in running  # held by the test's socket
+
+        # The table fits its section at 1,280 px, and a phone's page is no wider
+        # than the phone (the table scrolls in its own box).
+        fits = (
+            "() => { const t = document.querySelector('#task-table');"
+            " return t.getBoundingClientRect().right <= t.closest('section')"
+            ".getBoundingClientRect().right; }"
+        )
+        assert await page.evaluate(fits)
+        await page.locator(f"{row(fail_id)} details").click()  # the whole traceback
+        # docs/dashboard-tasks*.png are refreshed on request only (so a run leaves
+        # the work tree clean): LEASECAST_SCREENSHOT_TASKS=docs/dashboard-tasks.png.
+        shot = os.environ.get("LEASECAST_SCREENSHOT_TASKS") or str(site.var_dir / "tasks.png")
+        await page.locator("#tasks").screenshot(path=str(ROOT / shot))
+        await page.set_viewport_size({"width": 390, "height": 844})
+        await page.wait_for_timeout(300)
+        assert await page.evaluate("document.documentElement.scrollWidth") <= 390
+        await page.locator("#tasks").screenshot(path=str(ROOT / shot.replace(".png", "-390.png")))
+        await page.set_viewport_size({"width": 1280, "height": 1000})
 
         # The worker's row says what it runs now: the held task, by name.
         worker_row = page.locator(f"#worker-table tr[data-queue='{queue}']")
@@ -303,7 +286,7 @@ async def test_forms_create_a_queue_and_publish_and_say_what_is_wrong(
         )
         frame = await subscriber.next(timeout=10)
         assert frame["op"] == "messages"
-        assert [m["body"] for m in frame["messages"]] == [{"price": 12.5, "note": "<i>x</i>"}]
+        assert [m["body"] for m in frame["items"]] == [{"price": 12.5, "note": "<i>x</i>"}]
 
 
 async def test_pause_toggle_pauses_and_resumes_a_queue(
@@ -361,3 +344,25 @@ async def test_a_view_only_operator_sees_no_control_and_the_server_refuses_them(
         failed,
     )
     assert refused == [403, "forbidden"]
+
+
+async def test_the_schedules_panel_lists_schedules_when_the_gateway_has_them(
+    browser: Any, site: GatewayProcess, token: str
+) -> None:
+    name, queue = unique("nightly"), unique("reports")
+    status, doc = await ahttp(
+        "PUT",
+        f"{site.http}/api/schedules/{name}",
+        token=token,
+        body={"queue": queue, "body": {"report": "daily"}, "cron": "0 3 * * *"},
+    )
+    if status == 404 and doc.get("error") == "not_found" and "endpoint" in doc.get("detail", ""):
+        pytest.skip("this gateway has no /api/schedules yet: the panel stays hidden")
+    assert status == 200, doc
+    page = await login(browser, site)
+    schedule = f"#schedule-table tr[data-schedule='{name}']"
+    await page.wait_for_selector(schedule, timeout=15_000)
+    assert await page.is_visible("#schedules")
+    text = await page.inner_text(schedule)
+    assert queue in text and "cron 0 3 * * *" in text and "enabled" in text
+    assert "in " in text  # the next tick, in hours

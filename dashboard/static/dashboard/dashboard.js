@@ -727,8 +727,11 @@ function outcomeOf(t) {
   const last = (t.errors || [])[t.errors.length - 1];
   if (!last) return { line: "", full: "" };
   const lines = String(last.traceback || "").trim().split("\n");
+  // A traceback's last line names the exception already ("ValueError: boom").
+  const end = lines[lines.length - 1] || "";
+  const name = String(last.exception_class_path || "").split(".").pop();
   return {
-    line: clip(`${last.exception_class_path}: ${lines[lines.length - 1] || ""}`, 160),
+    line: clip(name && end.startsWith(name) ? end : `${last.exception_class_path}: ${end}`, 160),
     full: (t.errors || []).map((e, i) => `attempt ${i + 1}: ${e.exception_class_path}\n${e.traceback}`).join("\n\n"),
   };
 }
