@@ -256,3 +256,22 @@ def test_an_ack_is_counted_in_the_lease_length_histogram(
         ("lease_seconds", lease_seconds_bucket(4.3)): 1,
         ("lease_seconds_sum_ms", ""): 4600,
     }
+
+
+def test_a_lease_that_ends_wakes_the_workers_of_a_queue_at_its_limit_only(
+    store: Store, queue: str
+) -> None:
+    """An ack or reject frees room under ``max_in_flight``: the queue is woken (its
+    pumps here, and by NOTIFY on other processes); without a limit it is not."""
+    free = f"{queue}-free"
+    enqueue(store, queue, 1, 2)
+    enqueue(store, free, 1)
+    configure(store, queue, max_in_flight=2)
+    a, b = lease(store, queue, 2).delivered
+    (c,) = lease(store, free, 1).delivered
+    store.run([Ack(c.receipt)])
+    assert store.woken == set()
+    store.run([Ack(a.receipt)])
+    assert store.woken == {queue}
+    store.run([Reject(b.receipt)])
+    assert store.woken == {queue}
