@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, Metric
 
@@ -31,8 +31,7 @@ from gateway.core.errors import ProtocolError
 from gateway.core.schedule_ticks import TickRule, due_tick
 from gateway.core.schedules import ScheduleRow
 from gateway.store.dialects import SQLITE
-from gateway.store.schedules import FireOutcome, all_schedules, fire
-from gateway.store.txn import SavepointLost
+from gateway.store.schedules import FireOutcome, all_schedules, fire_many
 
 if TYPE_CHECKING:
     from gateway.store import Store
@@ -73,7 +72,7 @@ class _Watch:
 class TurnResult:
     """One turn's outcome: fired ticks by schedule, and when to look again."""
 
-    outcomes: dict[str, FireOutcome | Literal["failed"]] = field(default_factory=dict)
+    outcomes: dict[str, FireOutcome] = field(default_factory=dict)
     next_at: float | None = None
 
 
@@ -186,6 +185,7 @@ class Scheduler:
         result = TurnResult()
         rows = all_schedules(txn, enabled_only=True)
         seen: set[int] = set()
+        due: list[tuple[ScheduleRow, float]] = []
         for row in rows:
             seen.add(row.id)
             watch = self._watches.get(row.id)
@@ -202,43 +202,33 @@ class Scheduler:
                 result.next_at = _earliest(result.next_at, watch.next_tick)
                 continue
             tick = due_tick(rule, now, last_tick=row.last_tick, since=row.active_since)
-            last_tick = row.last_tick
-            outcome: FireOutcome | Literal["failed"] | None = None
             if tick is not None:
-                outcome = self._fire(txn, row, tick, now)
-                result.outcomes[row.name] = outcome
-                if outcome == "fired":
-                    self.fired += 1
-                elif outcome == "refused":
-                    self.refused += 1
-                elif outcome == "taken":
-                    self.taken += 1
-                if outcome not in ("waiting", "failed"):
-                    last_tick = tick
+                due.append((row, tick))
             next_tick = rule.next_after(now)
-            if outcome == "waiting":
-                next_tick = now + _RETRY_FULL  # a full block queue: try the tick again soon
-            elif outcome == "failed":
-                next_tick = now + RETRY
-            self._watches[row.id] = _Watch(rule, row.active_since, last_tick, next_tick)
+            self._watches[row.id] = _Watch(rule, row.active_since, row.last_tick, next_tick)
             result.next_at = _earliest(result.next_at, next_tick)
         for gone in self._watches.keys() - seen:
             del self._watches[gone]
+        if not due:
+            return result
+        result.outcomes = fire_many(txn, due, block_wait=self.block_wait)
+        for row, tick in due:
+            outcome = result.outcomes.get(row.name)
+            watch = self._watches[row.id]
+            if outcome == "fired":
+                self.fired += 1
+            elif outcome == "refused":
+                self.refused += 1
+            elif outcome == "taken":
+                self.taken += 1
+            if outcome in ("waiting", "failed"):
+                # Not fired: a full block queue is tried again soon, a failure
+                # after a while (it was logged).
+                watch.next_tick = now + (_RETRY_FULL if outcome == "waiting" else RETRY)
+                result.next_at = _earliest(result.next_at, watch.next_tick)
+            else:
+                watch.last_tick = tick
         return result
-
-    def _fire(
-        self, txn: Txn, row: ScheduleRow, tick: float, now: float
-    ) -> FireOutcome | Literal["failed"]:
-        """:func:`fire`, its failure undone and logged alone: one schedule that
-        cannot fire (a bad row) must not stop the others."""
-        try:
-            with txn.savepoint(catch=Exception):
-                return fire(txn, row, tick, may_wait=now < tick + self.block_wait)
-        except SavepointLost:
-            raise
-        except Exception as exc:
-            log.warning("schedules: %r could not fire (%s: %s)", row.name, type(exc).__name__, exc)
-            return "failed"
 
     # -- the HTTP API's calls
 

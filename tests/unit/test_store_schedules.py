@@ -21,6 +21,7 @@ from gateway.store.schedules import (
     ManagedTask,
     all_schedules,
     fire,
+    fire_many,
     get_schedule,
     put_schedule,
     sync_managed,
@@ -175,3 +176,34 @@ def test_settings_schedules_make_task_records(store: Store, clock: FakeClock, qu
     with store.transaction() as txn:
         assert sync_managed(txn, {}) == (0, 0, 1)  # the entry went: so does its schedule
         assert [r.name for r in all_schedules(txn) if queue in r.name] == ["api" + queue]
+
+
+def test_fire_many_batches_plain_ticks_and_keeps_every_rule(
+    store: Store, clock: FakeClock, queue: str
+) -> None:
+    bounded = queue + "b"
+    store.run([Configure(bounded, {"max_length": 1, "overflow": "drop_newest"})])
+    names = [f"m{i}{queue}" for i in range(3)]
+    with store.transaction() as txn:
+        rows = [put_schedule(txn, name, _spec(queue, every=60)) for name in names]
+        full = put_schedule(txn, "full" + queue, _spec(bounded, every=60))
+        assert fire(txn, full, 1_000_020.0) == "fired"  # fills the bounded queue
+        # The first's key is already claimed (it was deleted and made again).
+        assert fire(txn, rows[0], 1_000_080.0) == "fired"
+        txn.exec("UPDATE leasecast_schedule SET last_tick = NULL WHERE id = %s", (rows[0].id,))
+        stale = [get_schedule(txn, name) for name in names]
+        full = get_schedule(txn, "full" + queue)  # type: ignore[assignment]
+    due = [(row, 1_000_080.0) for row in stale if row is not None] + [(full, 1_000_080.0)]
+    with store.transaction() as txn:
+        outcomes = fire_many(txn, due, block_wait=10)
+        again = fire_many(txn, due, block_wait=10)  # a second process, same ticks
+        fired = {r.name: r.fired for r in all_schedules(txn)}
+    assert outcomes == {
+        names[0]: "duplicate",
+        names[1]: "fired",
+        names[2]: "fired",
+        "full" + queue: "refused",
+    }
+    assert set(again.values()) == {"taken"}
+    assert [fired[n] for n in names] == [1, 1, 1] and fired["full" + queue] == 1
+    assert sorted(_keys(store, queue)) == sorted(tick_key(n, 1_000_080.0) for n in names)
