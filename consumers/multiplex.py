@@ -103,9 +103,9 @@ class MultiplexSocket(GatewaySocket):
     def _end_all(self) -> None:
         carried, self.carried = self.carried, {}
         for entry in carried.values():
+            # A subscription still starting is not cancelled: its start sees it
+            # closed and gives back what it took (the topic followed here).
             entry.sub.close()
-        for task in self._starts:
-            task.cancel()
 
     def writable_changed(self, writable: bool) -> None:
         """The transport filled up or has room: every subscription's buffer pauses or drains."""
