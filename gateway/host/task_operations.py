@@ -139,16 +139,27 @@ def list_tasks(
     if offset < 0:
         raise Invalid("offset must be >= 0")
     now = time.time()
-    rows = _with_status(now)
+    where = Q()
     if name:
-        rows = rows.filter(task_path__icontains=name)
+        where &= Q(task_path__icontains=name)
     if queue:
-        rows = rows.filter(queue=queue)
+        where &= Q(queue=queue)
+    # Counted in two parts: a finished result's status is final and needs no
+    # look at its message, and finished results are nearly all of a week's.
     counts = {s: 0 for s in STATUSES}
-    for group in rows.order_by().values("effective").annotate(n=Count("id")):
+    finished = TaskRecord.objects.filter(where).exclude(status="READY").order_by()
+    for group in finished.values("status").annotate(n=Count("id")):
+        counts[group["status"]] = counts.get(group["status"], 0) + group["n"]
+    waiting = _with_status(now).filter(where, status="READY").order_by()
+    for group in waiting.values("effective").annotate(n=Count("id")):
         counts[group["effective"]] = counts.get(group["effective"], 0) + group["n"]
-    if status:
-        rows = rows.filter(effective=status)
+    rows = _with_status(now).filter(where)
+    if status in ("READY", "RUNNING"):
+        rows = rows.filter(status="READY", effective=status)
+    elif status == "SUCCESSFUL":
+        rows = rows.filter(status=status)
+    elif status == "FAILED":
+        rows = rows.filter(Q(status="FAILED") | Q(status="READY", effective="FAILED"))
     total = counts.get(status, 0) if status else sum(counts.values())
     page = rows.order_by("-enqueued_at", "id")[offset : offset + limit]
     return TaskPage([_as_json(r, now) for r in page], total, counts, offset, limit)

@@ -889,7 +889,7 @@ function setupTasks() {
   document.getElementById("task-refresh").addEventListener("click", () => loadTasks());
   loadTasks();
   // A page in a background tab asks nothing.
-  setInterval(() => { if (document.visibilityState === "visible") loadTasks(); }, 5000);
+  setInterval(() => { if (document.visibilityState === "visible") loadTasks(); }, 10000);
 }
 
 // -- schedules: shown when the gateway answers GET /api/schedules ---------------------
