@@ -35,6 +35,9 @@ from gateway.host.task_operations import tasks_of_messages
 
 __all__ = ["DashboardSocket"]
 
+#: Most leased messages a snapshot names the task of (``running_tasks``).
+MAX_TASK_LOOKUP = 500
+
 
 class DashboardSocket(GatewaySocket):
     """Pushes ``{"op": "snapshot", ...}`` every second; takes ``disconnect`` frames."""
@@ -98,6 +101,9 @@ class DashboardSocket(GatewaySocket):
         held = [m for p in processes for s in p.get("sockets", ()) for m in s.get("running", ())]
         if not held:
             return {}
+        # One bounded query: a thousand busy workers would otherwise make an
+        # IN list of 20,000 ids (the rows past it show their message ids only).
+        held = held[:MAX_TASK_LOOKUP]
         try:
             found = await database_sync_to_async(tasks_of_messages)(held)
         except DatabaseError:  # no task table (a project without results): no names
