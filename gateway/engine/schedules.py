@@ -124,6 +124,8 @@ class Scheduler:
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         while not self._closed:
+            # Cleared before the turn: a schedule changed during it is looked at again.
+            self._poke.clear()
             delay = RETRY
             try:
                 result, woken, counted = await loop.run_in_executor(self._executor, self._turn)
@@ -134,7 +136,6 @@ class Scheduler:
             except Exception as exc:  # the database away: the next turn tries again
                 log.warning("schedules: turn failed (%s: %s)", type(exc).__name__, exc)
                 self._drop_store()
-            self._poke.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._poke.wait(), delay)
 
@@ -144,6 +145,8 @@ class Scheduler:
 
     def close(self) -> None:
         """Stop the loop and the thread (a turn running finishes on its own)."""
+        if self._closed:
+            return
         self._closed = True
         if self._task is not None:
             self._task.cancel()
