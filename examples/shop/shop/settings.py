@@ -91,6 +91,10 @@ TASKS = {
 # Leasecast: every GATEWAY_* setting is optional (docs/tasks.md lists them).
 GATEWAY_BLOCK_WAIT = 5.0
 
+# Leasecast: the key of the signed tokens the packing page gets (scoped to its
+# task's topic; gateway.tokens.signed_token). Set a long random one in production.
+GATEWAY_SIGNING_KEY = os.environ.get("SHOP_SIGNING_KEY", "example-shop-signing-key-not-a-secret")
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
