@@ -17,12 +17,16 @@ it raised, deliveries >= max_deliveries   ``ack``, FAILED + error
 the task is not in the registry           ``ack``, FAILED + the cause, no retry
 the body is not a task message            ``reject`` (dead-lettered), a log line
 the grace ran out while it ran            nothing: the closing socket releases it
+the message was cancelled                 nothing: the cancel ended the lease
 ========================================  =========================================
 
 :func:`decide` makes that choice from a run's :data:`Run` (:class:`Returned`,
-:class:`Raised` or :class:`Abandoned`); :func:`after_send_error` says what to
-do when the gateway did not take the settlement; :class:`LimitCache` when a
-queue's ``max_deliveries`` must be asked again.
+:class:`Raised`, :class:`Abandoned` or :class:`CancelledRun`);
+:func:`after_send_error` says what to do when the gateway did not take the
+settlement; :class:`LimitCache` when a queue's ``max_deliveries`` must be
+asked again. What the task's topic ``task.RESULT_ID`` is told, and the rule
+that keeps its history, are at the end (:func:`outcome_update`,
+:func:`task_topic_settings`).
 """
 
 from __future__ import annotations
