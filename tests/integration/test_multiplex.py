@@ -431,3 +431,36 @@ async def test_a_refresh_must_still_allow_every_subscription(deployment: Deploym
         assert reply["op"] == "unsubscribed"
         reply = await s.request({"op": "refresh", "token": narrower})
         assert reply["op"] == "refreshed", reply
+
+
+async def test_python_multiplexer_presence_callbacks_and_document(deployment: Deployment) -> None:
+    from leasecast import Multiplexer
+
+    d = deployment
+    room = unique("room")
+    await d.configure(room, presence=True)
+    joined: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    left: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    me = mint("dana", [f"subscribe:{room}"], info={"role": "host"})
+    async with Multiplexer(d.sub.http, token=me) as mux:
+        sub = await mux.subscribe(
+            room, presence=True, on_join=joined.put_nowait, on_leave=left.put_nowait
+        )
+        # The first presence frame may list the subscription itself.
+        guest = mint("erin", [f"subscribe:{room}"], info={"role": "guest"})
+        async with await Socket.open(f"{d.pub.ws}/ws/topics/{room}/", guest):
+            while True:
+                member = await asyncio.wait_for(joined.get(), 10)
+                if member["user"] == "erin":
+                    break
+            assert member["info"] == {"role": "guest"}
+            assert "erin" in {m["user"] for m in sub.members.values()}
+            doc = await mux.presence(room)
+            assert doc["count"] == 2
+            assert {(c["user"], str(c["info"])) for c in doc["clients"]} == {
+                ("dana", str({"role": "host"})),
+                ("erin", str({"role": "guest"})),
+            }
+        gone = await asyncio.wait_for(left.get(), 10)
+        assert gone["user"] == "erin"
+        assert "erin" not in {m["user"] for m in sub.members.values()}
