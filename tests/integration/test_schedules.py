@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import math
 import tempfile
@@ -357,3 +358,25 @@ async def test_leasecast_schedules_enqueue_tasks_as_the_backend(
             gw.manage("sync_schedules")
     finally:
         gw.stop()
+
+
+@pytest.mark.parametrize("server", ["daphne", "uvicorn"])
+async def test_a_process_that_served_nothing_fires(server: str, tmp_path: Path) -> None:
+    """The runtime (and its schedule loop) is built when the server starts, under
+    both servers: a gateway sent no request but ``/healthz`` fires a schedule
+    written straight into the database."""
+    if server == "uvicorn" and importlib.util.find_spec("uvicorn") is None:
+        pytest.skip("uvicorn is not installed (it is in the dev extra)")
+    with sqlite_database(tmp_path) as env:
+        gw = GatewayProcess(env, tmp_path, name=f"quiet-{server}", server=server)
+        gw.start()
+        try:
+            gw.manage(
+                "shell",
+                "-c",
+                "import time; from gateway.models import Schedule; Schedule.objects.create("
+                "name='quiet', queue='quiet', every=1, active_since=time.time())",
+            )
+            await wait_until(lambda: _fired_directly(gw, "quiet", 2), f"{server} fires")
+        finally:
+            gw.stop()
