@@ -62,12 +62,13 @@ from django.contrib.auth import (
     get_user_model,
     load_backend,
 )
+from django.db import DatabaseError
 from django.http.request import split_domain_port, validate_host
 from django.utils.crypto import constant_time_compare
 
 from gateway.access.tokens import is_signed_token, principal_for_claims, verify_signed_token
 from gateway.conf import gateway_settings
-from gateway.core.errors import Unauthorized
+from gateway.core.errors import Unauthorized, Unavailable
 from gateway.core.scopes import OPERATOR_RIGHTS, Principal, operator_principal
 from gateway.core.wire import CloseCode, encode_error
 from gateway.models import Token, hash_token
@@ -85,6 +86,7 @@ __all__ = [
     "principal_for_token",
     "principal_for_user",
     "refuse_unauthorized",
+    "refuse_unavailable",
     "session_principal",
     "token_from_headers",
 ]
@@ -146,6 +148,11 @@ def principal_for_token(secret: str) -> Principal | None:
     A signed token (a JWT) is checked by :func:`principal_for_signed`; any
     other secret is a stored token, looked up by its hash (sync; hits the DB
     unless cached).
+
+    Raises:
+        Unavailable: the database could not be asked (unreachable, failing
+            over): a transient failure the caller answers as such (HTTP 503,
+            or a socket closed with 4503), never as an unknown token.
     """
     if is_signed_token(secret):
         return principal_for_signed(secret)
@@ -154,7 +161,11 @@ def principal_for_token(secret: str) -> Principal | None:
     hit = _cache.get(digest)
     if hit is not None and now - hit[0] < gateway_settings().token_cache_ttl:
         return hit[1]
-    row = Token.objects.filter(token_hash=digest, revoked_at__isnull=True).first()
+    try:
+        row = Token.objects.filter(token_hash=digest, revoked_at__isnull=True).first()
+    except DatabaseError as exc:
+        # Nothing is cached: the next attempt asks the database again.
+        raise Unavailable(f"tokens cannot be checked now ({type(exc).__name__})") from exc
     principal = None if row is None else Principal.from_scopes(row.name, row.scopes, row.pk)
     if len(_cache) > 10_000:
         _cache.clear()
@@ -282,13 +293,24 @@ async def refuse_unauthorized(receive: Any, send: Any, detail: str) -> None:
     whatever the client sends meanwhile: no consumer runs, nothing is read
     from the database.
     """
+    await _refuse(receive, send, "unauthorized", detail, CloseCode.UNAUTHORIZED)
+
+
+async def refuse_unavailable(receive: Any, send: Any, detail: str) -> None:
+    """Refuse a socket whose credentials could not be checked (the database is
+    unreachable): one ``unavailable`` error frame, then ``CloseCode.UNAVAILABLE``,
+    which tells the client to retry with backoff (docs/protocol.md)."""
+    await _refuse(receive, send, "unavailable", detail, CloseCode.UNAVAILABLE)
+
+
+async def _refuse(receive: Any, send: Any, code: str, detail: str, close: CloseCode) -> None:
     message = await receive()
     if message["type"] != "websocket.connect":
         return
     await send({"type": "websocket.accept"})
-    await send({"type": "websocket.send", "text": encode_error("unauthorized", detail)})
+    await send({"type": "websocket.send", "text": encode_error(code, detail)})
     # A plain int: daphne's WebSocket library refuses an int subclass as a code.
-    await send({"type": "websocket.close", "code": int(CloseCode.UNAUTHORIZED)})
+    await send({"type": "websocket.close", "code": int(close)})
     while message["type"] != "websocket.disconnect":
         message = await receive()
 
@@ -363,7 +385,10 @@ class TokenAuthMiddleware:
             # Pure CPU (an HMAC): no thread hop for the database.
             principal = principal_for_signed(secret)
         else:
-            principal = await database_sync_to_async(principal_for_token)(secret)
+            try:
+                principal = await database_sync_to_async(principal_for_token)(secret)
+            except Unavailable as exc:
+                return await refuse_unavailable(receive, send, exc.detail)
         return await _admit(self.inner, scope, receive, send, principal, BAD_TOKEN)
 
 

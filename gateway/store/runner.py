@@ -21,6 +21,12 @@ failure never fails the others of its batch:
   rolled back and run again in order without losing anyone's op: the ops
   before the failing one as one batch, the failing statement's ops one by
   one, the ops after it as one batch.
+
+When no connection to the database can be made at all (it is down, failing
+over, or cut off by the network), the batch's ops, and every op of it not yet
+run again, are answered ``unavailable`` at once: running them one by one
+would make each wait for a connection attempt of its own (libpq's
+``connect_timeout``) before being answered the same.
 """
 
 from __future__ import annotations
@@ -104,6 +110,8 @@ class Store:
     ) -> None:
         self._connect = connect
         self._conn: Any = None
+        #: no connection could be made during the current :meth:`run`
+        self._unreachable: BaseException | None = None
         self.dialect = dialect
         self._clock = clock
         self._queues = QueueCache(defaults, settings_ttl)
@@ -167,7 +175,10 @@ class Store:
         """
         for attempt in range(2):
             if self._conn is None:
-                self._conn = self._connect()
+                try:
+                    self._conn = self._connect()
+                except Exception as exc:
+                    raise _Unreachable(f"{type(exc).__name__}: {exc}") from exc
             cur = self._conn.cursor()
             try:
                 cur.execute(self.dialect.begin)
@@ -194,6 +205,7 @@ class Store:
         """
         self.woken = set()
         self.counted = {}
+        self._unreachable = None
         return self._run_split(ops)
 
     def _run_split(self, ops: Sequence[Op], splits: int = 0) -> list[Result]:
@@ -205,8 +217,14 @@ class Store:
         """
         if not ops:
             return []
+        if self._unreachable is not None:
+            return self._refuse_unreachable(ops)
         try:
             return self._run_batch(ops)
+        except _Unreachable as unreachable:
+            self._unreachable = unreachable.__cause__ or unreachable
+            log.warning("database unreachable (%s)", self._unreachable)
+            return self._refuse_unreachable(ops)
         except _StatementFailed as failed:
             cause = failed.__cause__
             start, end = failed.start, failed.end
@@ -225,6 +243,10 @@ class Store:
         for op in ops[start:end]:
             results += self._run_split([op], splits + 1)
         return results + self._run_split(ops[end:], splits + 1)
+
+    def _refuse_unreachable(self, ops: Sequence[Op]) -> list[Result]:
+        name = type(self._unreachable).__name__
+        return [Unavailable(f"storage unreachable: {name}") for _ in ops]
 
     def _run_batch(self, ops: Sequence[Op]) -> list[Result]:
         results: list[Result] = [None] * len(ops)
@@ -276,6 +298,10 @@ class Store:
                 "DELETE FROM leasecast_dedup WHERE expires_at <= %s", (txn.now,)
             ).rowcount
         return deleted
+
+
+class _Unreachable(Exception):
+    """No connection to the database could be made (raised from the connect's error)."""
 
 
 class _StatementFailed(Exception):

@@ -26,6 +26,15 @@ def hosts() -> Iterator[Deployment]:
         yield d
 
 
+@pytest.fixture(scope="module")
+def module_hosts() -> Iterator[Deployment]:
+    """As ``hosts``, one deployment for every test of a module (each test uses its own
+    queues and topics, and leaves the hosts as it found them)."""
+    _skip_unless_possible()
+    with deployment() as d:
+        yield d
+
+
 @pytest.fixture
 def replicated() -> Iterator[Deployment]:
     """As ``hosts``, with a synchronous standby of the database on a host of its own."""

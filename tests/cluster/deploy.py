@@ -216,4 +216,12 @@ def deployment(*, standby: bool = False, sentinel: bool = False) -> Iterator[Dep
         )
     finally:
         network.close()  # every process of every host, then the namespaces
+        keep = os.environ.get("LEASECAST_CLUSTER_LOGS")
+        if keep:  # a directory to copy the servers' logs to, for a look afterwards
+            shutil.copytree(root, Path(keep) / root.name, ignore=_not_logs, dirs_exist_ok=True)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _not_logs(directory: str, names: list[str]) -> list[str]:
+    """Everything but the ``*.log`` files at the top of a run's directory."""
+    return [n for n in names if not n.endswith(".log") or Path(directory, n).is_dir()]

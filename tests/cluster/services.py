@@ -407,8 +407,14 @@ class Balancer:
         )
 
 
-async def open_socket(client: Host, url: str, token: str, timeout: float = 5) -> Socket:
-    """A WebSocket to ``url`` opened from the client host (its TCP connection is the host's)."""
+async def open_socket(
+    client: Host, url: str, token: str, timeout: float = 5, **options: Any
+) -> Socket:
+    """A WebSocket to ``url`` opened from the client host (its TCP connection is the host's).
+
+    ``options`` go to the WebSocket client (e.g. ``ping_interval`` and
+    ``ping_timeout``, with which a peer that stopped answering is given up).
+    """
     parts = urlsplit(url)
     address = (parts.hostname or "", parts.port or 80)
     sock = await asyncio.to_thread(
@@ -420,6 +426,7 @@ async def open_socket(client: Host, url: str, token: str, timeout: float = 5) ->
         additional_headers={"Authorization": f"Bearer {token}"},
         max_size=None,
         open_timeout=timeout,
+        **options,
     )
     return Socket(conn)
 

@@ -28,179 +28,22 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
-from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from tests.cluster.deploy import Deployment
-from tests.cluster.services import open_socket, request
-from tests.support.clients import Socket, unique
+from tests.cluster.load import (
+    Ledger,
+    confirms_directly,
+    first_after,
+    producer,
+    queue_counts,
+    worker,
+)
+from tests.support.clients import unique
 
 # Alone, after the parallel run: hosts, databases and Sentinels of their own.
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
-
-#: What an enqueue may be answered during a failover, and an ack.
-ENQUEUE_ANSWERS = {"enqueued", "unavailable"}
-ACK_ANSWERS = {"acked", "unavailable", "stale_receipt"}
-#: Failures of a connection attempt while the deployment switches.
-OPEN_FAILURES = (OSError, InvalidHandshake, TimeoutError)
-LOST_SOCKET = (ConnectionError, ConnectionClosed, TimeoutError)
-
-
-@dataclass
-class Ledger:
-    """What the clients were told and what they received, with the times of the answers."""
-
-    #: key -> when its enqueue was answered ``enqueued``
-    confirmed: dict[str, float] = field(default_factory=dict)
-    #: id -> deliveries received
-    delivered: Counter[str] = field(default_factory=Counter)
-    #: id -> the ``deliveries`` count of the delivery whose ack was answered ``acked``
-    acked: dict[str, int] = field(default_factory=dict)
-    #: deliveries of a message after its ack was confirmed (an undone ack)
-    undone: list[dict[str, Any]] = field(default_factory=list)
-    #: answers by kind: ("enqueue", "enqueued"), ("ack", "stale_receipt")...
-    answers: Counter[tuple[str, str]] = field(default_factory=Counter)
-    #: answers that are not allowed
-    wrong: list[dict[str, Any]] = field(default_factory=list)
-    #: (time the request was sent, time answered, kind, answer)
-    events: list[tuple[float, float, str, str]] = field(default_factory=list)
-    #: acks answered ``unavailable``, then ``stale_receipt`` when sent again: the first
-    #: was applied after all (its commit reached the standby, its answer did not come)
-    applied_unanswered: int = 0
-    #: enqueues sent again with their key and answered ``duplicate``: the same story
-    duplicates: int = 0
-    refused_opens: int = 0
-    closes: Counter[str] = field(default_factory=Counter)
-
-    def answer(self, kind: str, sent: float, reply: dict[str, Any], allowed: set[str]) -> str:
-        """Record a reply; returns ``op`` or the error's ``code``."""
-        outcome = reply["op"] if reply["op"] != "error" else str(reply.get("code"))
-        self.answers[kind, outcome] += 1
-        self.events.append((sent, time.time(), kind, outcome))
-        if outcome not in allowed:
-            self.wrong.append({"kind": kind, **reply})
-        return outcome
-
-
-async def connect(d: Deployment, path: str, ledger: Ledger, stop: asyncio.Event) -> Socket | None:
-    """A socket through haproxy from the client host, retried while the deployment switches."""
-    while not stop.is_set():
-        try:
-            return await open_socket(d.client, f"{d.balancer.ws}{path}", d.token)
-        except OPEN_FAILURES:
-            ledger.refused_opens += 1
-            await asyncio.sleep(0.1)
-    return None
-
-
-async def producer(
-    d: Deployment, queue: str, name: str, ledger: Ledger, stop: asyncio.Event
-) -> None:
-    """Enqueues one at a time, each with its own key; one not confirmed is sent again."""
-    n, pending = 0, None
-    while not stop.is_set():
-        s = await connect(d, "/ws/produce/", ledger, stop)
-        if s is None:
-            return
-        try:
-            while not stop.is_set():
-                if pending is None:
-                    pending, n = f"{name}-{n}", n + 1
-                sent = time.time()
-                frame = {"op": "enqueue", "queue": queue, "body": {"id": pending}, "key": pending}
-                reply = await s.request(frame, timeout=15)
-                if ledger.answer("enqueue", sent, reply, ENQUEUE_ANSWERS) == "enqueued":
-                    ledger.confirmed[pending] = time.time()
-                    ledger.duplicates += bool(reply.get("duplicate"))
-                    pending = None
-                else:  # unavailable: nothing applied, or applied and the key says so
-                    await asyncio.sleep(0.05)
-        except LOST_SOCKET:
-            ledger.closes[f"producer {s.conn.close_code}"] += 1
-        finally:
-            await s.close()
-
-
-async def worker(d: Deployment, queue: str, ledger: Ledger, done: asyncio.Event) -> None:
-    """Acks every delivery; an ack answered ``unavailable`` is sent again (its lease stays)."""
-    while not done.is_set():
-        s = await connect(d, f"/ws/queues/{queue}/?prefetch=10&visibility_timeout=5", ledger, done)
-        if s is None:
-            return
-        try:
-            while not done.is_set():
-                try:
-                    frame = await s.next(timeout=0.2)
-                except TimeoutError:
-                    continue
-                if frame["op"] != "deliver":
-                    ledger.wrong.append({"kind": "unsolicited", **frame})
-                    continue
-                mid, count = frame["body"]["id"], frame["deliveries"]
-                if mid in ledger.acked and count >= ledger.acked[mid]:
-                    # Not an old frame overtaken by the ack: a lease taken after it.
-                    ledger.undone.append(frame)
-                ledger.delivered[mid] += 1
-                retried = False
-                while not done.is_set():
-                    sent = time.time()
-                    reply = await s.request({"op": "ack", "receipt": frame["receipt"]}, timeout=15)
-                    outcome = ledger.answer("ack", sent, reply, ACK_ANSWERS)
-                    if outcome == "acked":
-                        ledger.acked[mid] = count
-                    elif outcome == "stale_receipt" and retried:
-                        ledger.applied_unanswered += 1
-                    if outcome != "unavailable":
-                        break
-                    retried = True
-                    await asyncio.sleep(0.05)
-        except LOST_SOCKET:
-            ledger.closes[f"worker {s.conn.close_code}"] += 1
-        finally:
-            await s.close()
-
-
-async def queue_counts(d: Deployment, queue: str) -> dict[str, int]:
-    status, stats = await request(d.client, "GET", f"{d.balancer.http}/api/queues/{queue}", d.token)
-    if status != 200:
-        return {}
-    return {k: stats[k] for k in ("visible", "in_flight", "delayed", "dead")}
-
-
-async def confirms_directly(d: Deployment, index: int, queue: str, timeout: float = 30) -> float:
-    """Seconds until gateway ``index``, asked directly, confirms an enqueue."""
-    gw = d.gateways[index]
-    started = time.monotonic()
-    deadline = started + timeout
-    key = f"direct-{index}"
-    while time.monotonic() < deadline:
-        try:
-            s = await open_socket(d.client, f"ws://{gw.host.address}:8000/ws/produce/", d.token)
-        except OPEN_FAILURES:
-            await asyncio.sleep(0.1)
-            continue
-        try:
-            frame = {"op": "enqueue", "queue": queue, "body": {"id": key}, "key": key}
-            if (await s.request(frame))["op"] == "enqueued":
-                return time.monotonic() - started
-        except LOST_SOCKET:
-            pass
-        finally:
-            await s.close()
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"{gw.host} never confirmed an enqueue after the failover:\n{d.logs()}")
-
-
-def first_after(ledger: Ledger, moment: float, kind: str, outcome: str) -> float | None:
-    """When the first ``outcome`` of a ``kind`` request sent after ``moment`` was answered."""
-    times = [
-        done for sent, done, k, o in ledger.events if k == kind and o == outcome and sent > moment
-    ]
-    return min(times) if times else None
 
 
 async def test_primary_killed_and_standby_promoted_loses_nothing_confirmed(

@@ -31,8 +31,6 @@ subscribed"):
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +39,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from tests.cluster.deploy import Deployment
+from tests.cluster.load import Session
 from tests.cluster.services import GATEWAY_PORT, open_socket
 from tests.support.clients import Socket, unique
 from tests.support.waiting import wait_until
@@ -49,73 +48,6 @@ from tests.support.waiting import wait_until
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 CLOSE_NEW_EPOCH = 4409
-
-
-@dataclass
-class Session:
-    """One subscriber socket: what it was told and received, and how it ended."""
-
-    socket: Socket
-    gateway: int
-    subscribed: dict[str, Any] | None = None
-    items: list[tuple[int, Any]] = field(default_factory=list)  # (offset, body)
-    dropped: int = 0
-    close_code: int | None = None
-    task: asyncio.Task[None] | None = None
-
-    @classmethod
-    async def open(
-        cls, d: Deployment, gateway: int, topic: str, resume: tuple[int, str] | None = None
-    ) -> Session:
-        url = f"ws://{d.gateways[gateway].host.address}:{GATEWAY_PORT}/ws/topics/{topic}/"
-        url += "?on_full=block&capacity=100000&credit=1000000"
-        if resume is not None:
-            url += f"&since={resume[0]}&epoch={resume[1]}"
-        session = cls(await open_socket(d.client, url, d.token), gateway)
-        session.task = asyncio.create_task(session._read())
-        return session
-
-    async def _read(self) -> None:
-        while True:
-            try:
-                frame = await self.socket.next(timeout=120)
-            except (ConnectionError, TimeoutError):
-                break
-            if frame["op"] == "subscribed":
-                self.subscribed = frame
-            elif frame["op"] == "messages":
-                self.dropped += frame["dropped"]
-                self.items += [(item["offset"], item["body"]) for item in frame["items"]]
-        self.close_code = self.socket.conn.close_code
-
-    @property
-    def bodies(self) -> list[int]:
-        return [body for _, body in self.items]
-
-    def holes(self) -> list[int]:
-        """Offsets missing between the first and the last this socket received."""
-        offsets = [offset for offset, _ in self.items]
-        if not offsets:
-            return []
-        return sorted(set(range(offsets[0], offsets[-1] + 1)) - set(offsets))
-
-    def missing(self) -> list[int]:
-        """Published numbers missing between the first and the last this socket got."""
-        numbers = [b for b in self.bodies if isinstance(b, int)]
-        if not numbers:
-            return []
-        return sorted(set(range(numbers[0], numbers[-1] + 1)) - set(numbers))
-
-    def in_order(self) -> bool:
-        offsets = [offset for offset, _ in self.items]
-        return all(a < b for a, b in itertools.pairwise(offsets))
-
-    async def close(self) -> None:
-        with contextlib.suppress(Exception):
-            await self.socket.close()
-        if self.task is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.task, 5)
 
 
 @dataclass

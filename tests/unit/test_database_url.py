@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.site.database_url import parse_database_url
+from gateway.site.database_url import NETWORK_DEFAULTS, parse_database_url
 
 
 def test_a_multi_host_url_keeps_every_host_and_port_in_order() -> None:
@@ -23,7 +23,11 @@ def test_a_multi_host_url_keeps_every_host_and_port_in_order() -> None:
     assert config["ENGINE"] == "django.db.backends.postgresql"
     assert (config["HOST"], config["PORT"]) == ("10.0.0.1,10.0.0.2", "5432,5433")
     assert (config["USER"], config["PASSWORD"], config["NAME"]) == ("lc", "s@cret", "leasecast")
-    assert config["OPTIONS"] == {"target_session_attrs": "read-write", "connect_timeout": 2}
+    assert config["OPTIONS"] == {
+        **NETWORK_DEFAULTS,
+        "target_session_attrs": "read-write",
+        "connect_timeout": 2,
+    }
     assert config["CONN_MAX_AGE"] == 0
 
 
@@ -37,7 +41,20 @@ def test_hosts_without_ports_and_ipv6_hosts() -> None:
 def test_a_single_host_url_is_parsed_as_before() -> None:
     config = parse_database_url("postgresql://u:p@db.example:6543/x?sslmode=require")
     assert (config["HOST"], config["PORT"], config["NAME"]) == ("db.example", 6543, "x")
-    assert config["OPTIONS"] == {"sslmode": "require"}
+    assert config["OPTIONS"] == {**NETWORK_DEFAULTS, "sslmode": "require"}
+
+
+def test_a_postgresql_url_bounds_waits_on_a_silent_host_unless_it_says_otherwise() -> None:
+    """A partition (tests/cluster/test_partitions.py) must not hold a connection for minutes:
+    libpq's connect timeout, TCP user timeout and keepalives are set, the URL's own win."""
+    config = parse_database_url("postgresql://u@db/x?tcp_user_timeout=20000&keepalives_idle=9")
+    assert config["OPTIONS"]["tcp_user_timeout"] == 20000
+    assert config["OPTIONS"]["keepalives_idle"] == 9
+    assert config["OPTIONS"]["connect_timeout"] == NETWORK_DEFAULTS["connect_timeout"]
+    assert 0 < NETWORK_DEFAULTS["tcp_user_timeout"] <= 10_000
+    assert NETWORK_DEFAULTS["keepalives"] == 1
+    # Not for SQLite, which has no network.
+    assert "tcp_user_timeout" not in parse_database_url("sqlite:////tmp/x.db").get("OPTIONS", {})
 
 
 def test_a_connection_to_a_multi_host_url_tries_the_hosts_in_order() -> None:
