@@ -201,16 +201,16 @@ class EventStream:
         if self._closed:
             return
         self._closed = True
+        self.subscription.close()
+        if self._counted:
+            self.runtime.metrics.registry.socket_closed(self.kind)
+        self.runtime.limiter.close_socket(limit_key(self.principal))
         if self._expiry is not None:
             self._expiry.cancel()
         if self._watched_token is not None:
             self.runtime.revocations.discard(self._watched_token, self)
         if self._flow is not None:
             self._flow.detach()
-        self.subscription.close()
-        if self._counted:
-            self.runtime.metrics.registry.socket_closed(self.kind)
-        self.runtime.limiter.close_socket(limit_key(self.principal))
 
     def end(self, reason: str) -> None:
         """End the stream once what is queued is sent (the first reason wins)."""

@@ -169,8 +169,12 @@ class TransportFlow:
         request that ended: the connection may serve another request)."""
         self._listeners.clear()
         consumer, self._consumer = self._consumer, None
-        if consumer is not None and getattr(consumer, "producer", None) is self:
-            consumer.unregisterProducer()
+        if consumer is None or getattr(consumer, "producer", None) is not self:
+            return
+        if getattr(consumer, "channel", consumer) is None:
+            consumer.producer = None  # a request whose connection is gone: nothing to tell
+            return
+        consumer.unregisterProducer()
 
     def _change(self, paused: bool) -> None:
         if paused == self.paused:

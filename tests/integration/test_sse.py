@@ -9,6 +9,7 @@ backpressure then fills the stream's buffer and its policy applies.
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,6 +67,14 @@ async def publish(
             "POST", f"{gateway.http}/api/topics/{topic}/messages", token, {"messages": batch}
         )
         assert status == 200, reply
+
+
+def text_of(url: str, token: str) -> str:
+    """A GET's body as text (``/metrics``)."""
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        text: str = response.read().decode()
+        return text
 
 
 async def keep_history(gateway: GatewayProcess, token: str, topic: str) -> None:
@@ -259,11 +268,13 @@ async def test_refusals_are_json(sse_gateway: GatewayProcess, token: str) -> Non
     await stream.close()
 
 
-async def test_cors_for_allowed_origins_only_and_token_expiry_ends_the_stream(
-    sse_gateway: GatewayProcess,
+async def test_cors_for_allowed_origins_only_and_token_expiry_or_revocation_ends_the_stream(
+    sse_gateway: GatewayProcess, token: str
 ) -> None:
     topic = unique("sse")
-    signed = mint("page-user", [f"subscribe:{topic}"], ttl=2)
+    revocable_name = unique("revocable")
+    revocable = sse_gateway.issue_token(f"subscribe:{topic}", name=revocable_name)
+    signed = mint("page-user", [f"subscribe:{topic}"], ttl=4)
     streams: list[EventStream] = []
     try:
         allowed = await open_stream(
@@ -280,10 +291,91 @@ async def test_cors_for_allowed_origins_only_and_token_expiry_ends_the_stream(
         streams.append(other)
         assert other.status == 200
         assert "access-control-allow-origin" not in other.headers
-        # The signed token expires within 2 s: both streams end then.
-        for stream in streams:
+        # A page's fetch() with a header asks first.
+        preflight = await open_stream(
+            sse_url(sse_gateway, topic),
+            method="OPTIONS",
+            headers={
+                "Origin": ALLOWED_ORIGIN,
+                "Access-Control-Request-Method": "GET",
+                "Access-Control-Request-Headers": "authorization, last-event-id",
+            },
+        )
+        streams.append(preflight)
+        assert preflight.status == 204
+        assert preflight.headers["access-control-allow-origin"] == ALLOWED_ORIGIN
+        assert "last-event-id" in preflight.headers["access-control-allow-headers"].lower()
+        # A stored token revoked: its stream ends within the check interval.
+        revoked = await open_stream(sse_url(sse_gateway, topic), revocable)
+        streams.append(revoked)
+        assert revoked.status == 200
+        metrics = await asyncio.to_thread(text_of, f"{sse_gateway.http}/metrics", token)
+        open_streams = [
+            line for line in metrics.splitlines() if line.startswith('leasecast_sockets{kind="sse"')
+        ]
+        assert open_streams and float(open_streams[0].rsplit(" ", 1)[1]) >= 3, open_streams
+        sse_gateway.manage("revoke_token", revocable_name)
+        assert await revoked.ended(timeout=10) == []
+        assert "end (token revoked)" in revoked.comments
+        # The signed token expires within 4 s: both streams end then.
+        for stream in (allowed, other):
             assert await stream.ended(timeout=10) == []
             assert "end (token expired)" in stream.comments
     finally:
         for stream in streams:
             await stream.close()
+
+
+async def test_a_kept_alive_connection_serves_a_stream_after_a_refusal(
+    sse_gateway: GatewayProcess, token: str
+) -> None:
+    topic = unique("sse")
+    refused = await open_stream(sse_url(sse_gateway, topic, "capacity=0"), token)
+    try:
+        await refused.read_all()
+        assert refused.status == 400
+        # The same connection: under daphne the refused request's transport
+        # flow was taken off it, so this one can register its own.
+        stream = await open_stream(sse_url(sse_gateway, topic), token, reuse=refused)
+        assert stream.status == 200
+        await publish(sse_gateway, token, topic, ["again"])
+        (event,) = await stream.events(1)
+        assert event.json() == "again"
+    finally:
+        await refused.close()
+
+
+async def test_presence_events(sse_gateway: GatewayProcess, token: str) -> None:
+    topic = unique("sse")
+    status, reply = await ahttp(
+        "PATCH", f"{sse_gateway.http}/api/topics/{topic}", token, {"presence": True}
+    )
+    assert status == 200, reply
+    watcher = sse_gateway.issue_token(f"subscribe:{topic}", name="watcher")
+    stream = await open_stream(sse_url(sse_gateway, topic, "presence=true"), token)
+    try:
+        assert stream.status == 200
+        other = await open_stream(sse_url(sse_gateway, topic), watcher)
+        try:
+            joined = await _presence_event(stream, "join", "watcher")
+            assert joined["topic"] == topic and joined["client"]
+        finally:
+            await other.close()
+        left = await _presence_event(stream, "leave", "watcher")
+        assert left["client"] == joined["client"]
+        status, listed = await ahttp(
+            "GET", f"{sse_gateway.http}/api/topics/{topic}/presence", token
+        )
+        assert status == 200 and [m["user"] for m in listed["clients"]] == ["sse-admin"]
+    finally:
+        await stream.close()
+
+
+async def _presence_event(stream: EventStream, kind: str, user: str) -> dict[str, object]:
+    """The next ``kind`` event about ``user`` (others, such as the stream's own join, skipped)."""
+    while True:
+        event = await stream.next(timeout=10)
+        assert event is not None
+        if event.event == kind and event.json()["user"] == user:
+            data: dict[str, object] = event.json()
+            return data

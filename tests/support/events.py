@@ -160,6 +160,7 @@ async def open_stream(
     method: str = "GET",
     receive_buffer: int | None = None,
     timeout: float = 10.0,
+    reuse: EventStream | None = None,
 ) -> EventStream:
     """Open ``url`` and read the response head.
 
@@ -170,15 +171,20 @@ async def open_stream(
         method: the request method.
         receive_buffer: the socket's ``SO_RCVBUF`` in bytes, set before it
             connects (small: a client that stops reading stops the server soon).
+        reuse: send the request on this finished response's connection
+            (HTTP/1.1 keep-alive) instead of a new one.
     """
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    if receive_buffer is not None:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
-    sock.setblocking(False)
-    await asyncio.get_running_loop().sock_connect(sock, (host, port))
-    reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 20)
+    if reuse is not None:
+        reader, writer = reuse.reader, reuse.writer
+    else:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if receive_buffer is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, (host, port))
+        reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 20)
     target = parts.path + (f"?{parts.query}" if parts.query else "")
     lines = [f"{method} {target} HTTP/1.1", f"Host: {host}:{port}", "Accept: text/event-stream"]
     if token:
