@@ -7,6 +7,7 @@ gateway fires it.
 
 from __future__ import annotations
 
+import json
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,3 +91,37 @@ async def _run(client: Client, fields: dict[str, str]) -> tuple[int, str]:
     import asyncio
 
     return await asyncio.to_thread(_add, client, fields)
+
+
+async def test_sessions_need_queue_permissions_for_schedules(site: GatewayProcess) -> None:
+    """Staff is not enough: reading schedules over the API with a session needs
+    ``gateway.view_queue``, changing them ``gateway.change_queue``."""
+    site.manage(
+        "shell",
+        "-c",
+        "from django.contrib.auth.models import Permission, User\n"
+        "for name, perm in (('plain', None), ('viewer', 'view_queue'),\n"
+        "                   ('changer', 'change_queue')):\n"
+        f"    u = User.objects.create_user(name, password={PASSWORD!r}, is_staff=True)\n"
+        "    if perm: u.user_permissions.add(Permission.objects.get(codename=perm))\n",
+    )
+    name = unique("perm")
+    body = json.dumps({"queue": unique(), "every": 60}).encode()
+
+    def calls(user: str) -> tuple[int, int, int]:
+        client = Client(site.http)
+        client.login(user)
+        headers = {
+            "Content-Type": "application/json",
+            "X-CSRFToken": client.cookie("csrftoken") or "",
+        }
+        listed = client.request("GET", "/api/schedules").status
+        put = client.request("PUT", f"/api/schedules/{name}", body, headers).status
+        read = client.request("GET", f"/api/schedules/{name}").status
+        return listed, put, read
+
+    import asyncio
+
+    assert await asyncio.to_thread(calls, "plain") == (403, 403, 403)
+    assert await asyncio.to_thread(calls, "viewer") == (200, 403, 404)  # nothing was made
+    assert await asyncio.to_thread(calls, "changer") == (200, 200, 200)
