@@ -41,6 +41,7 @@ import os
 import signal
 import socket
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -303,6 +304,8 @@ class TaskWorker:
         self._publisher = publisher or TopicPublisher(url, token)
         #: message id -> the feed of its task's topic, while handled here
         self._feeds: dict[str, TaskFeed] = {}
+        #: message id -> how many handlers hold it here (2 while one adopts a run)
+        self._handling: Counter[str] = Counter()
 
     # -- life cycle
 
@@ -468,6 +471,7 @@ class TaskWorker:
         task's topic is told (protocol 1.2, Tasks: Progress).
         """
         keeper = asyncio.create_task(self._keep_lease(delivery))
+        self._handling[delivery.id] += 1
         try:
             message, settlement, final = await self._attempt(delivery)
             if settlement is not None:
@@ -482,7 +486,11 @@ class TaskWorker:
             log.exception("message %s of queue %s: the worker failed", delivery.id, delivery.queue)
         finally:
             keeper.cancel()
-            if delivery.id not in self._runs:
+            self._handling[delivery.id] -= 1
+            if not self._handling[delivery.id]:
+                # The last handler of the message here (a redelivery adopting a
+                # run shares the run's feed, so the outcome follows its progress).
+                del self._handling[delivery.id]
                 self._feeds.pop(delivery.id, None)
 
     def _feed(self, message_id: str, message: TaskMessage) -> TaskFeed:
@@ -566,7 +574,9 @@ class TaskWorker:
             )
             watch = asyncio.create_task(_forward_cancel(delivery, running.link))
             try:
-                return await asyncio.shield(running.done)
+                adopted = await asyncio.shield(running.done)
+                # A cancelled run is told on its topic by its own handler, once.
+                return Abandoned() if isinstance(adopted, CancelledRun) else adopted
             except asyncio.CancelledError:
                 if _cancelling():
                     raise

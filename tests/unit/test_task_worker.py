@@ -390,3 +390,40 @@ def test_outside_a_worker_progress_does_nothing_and_cancelled_is_false() -> None
     assert cancelled() is False
     with pytest.raises(TypeError, match="not JSON"):
         progress(object())  # a mistake shows wherever the task runs
+
+
+async def test_an_adopted_run_publishes_its_outcome_once_and_its_new_delivery_can_cancel_it(
+    tmp_path: Path,
+) -> None:
+    tasks.GATE.clear()
+    worker, publisher = topic_worker()
+    message = body("gated", "adopt-topic")
+    old = RecordingDelivery(message, deliveries=1, refuse=[StaleReceipt("socket closed")])
+    new = RecordingDelivery(message, deliveries=2)
+    first = asyncio.create_task(worker.handle(old))
+    while tasks.RUNS["adopt-topic"] == 0:
+        await asyncio.sleep(0.01)
+    second = asyncio.create_task(worker.handle(new))
+    await asyncio.sleep(0.05)
+    tasks.GATE.set()
+    await asyncio.gather(first, second)
+    assert publisher.published == [
+        (f"task.{message['id']}", {"status": "SUCCESSFUL", "return_value": "adopt-topic"})
+    ]
+
+    # The cancel frame reaches the new delivery: the run (held by the old one) stops.
+    worker, publisher = topic_worker()
+    message = body("async_until_cancelled", str(tmp_path / "marks"))
+    old = RecordingDelivery(message, deliveries=1)
+    new = RecordingDelivery(message, deliveries=2)
+    first = asyncio.create_task(worker.handle(old))
+    while not publisher.published:
+        await asyncio.sleep(0.01)
+    second = asyncio.create_task(worker.handle(new))
+    await asyncio.sleep(0.05)
+    new.cancelled.set()
+    await asyncio.gather(first, second)
+    assert (old.sent, new.sent) == ([], [])
+    assert (tmp_path / "marks").read_text().split()[0] == "async-cancelled"
+    (end,) = [b for _, b in publisher.published if b["status"] != "RUNNING"]  # once
+    assert end["error"].startswith("leasecast.errors.Cancelled")
