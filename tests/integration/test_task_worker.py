@@ -4,8 +4,10 @@ Three kinds of process share one database: the gateway (``gateway.settings``),
 the driver (``tests.tasksite.driver``: enqueues through ``LeasecastBackend``
 and reads results with ``get_result``, as a web process would) and workers
 (``tests.tasksite.settings``). A worker gets a token with ``consume`` scope
-only, and a ``DATABASE_URL`` that leads nowhere: it must run on the gateway
-alone. ``TASKSITE_WORKER`` makes ``tests.tasksite.unimportable`` fail to
+on its queues and ``publish`` on the tasks' topics only, and a
+``DATABASE_URL`` that leads nowhere: it must run on the gateway alone (its
+progress and outcomes go to ``task.RESULT_ID`` over its own socket). The
+driver also cancels tasks (``gateway.tasks.cancel``) as a web process would. ``TASKSITE_WORKER`` makes ``tests.tasksite.unimportable`` fail to
 import in workers only, and ``TASKSITE_IMPORTED`` makes
 ``tests.tasksite.side_effect`` write a file when a worker imports it: neither
 is in the workers' registry (protocol 1.2, Tasks: only registered tasks run),
