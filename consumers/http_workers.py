@@ -91,7 +91,7 @@ def _item(queue: str, d: Delivered, now: float) -> dict[str, Any]:
     item: dict[str, Any] = {
         "queue": queue,
         "id": d.id,
-        "receipt": http_receipt(d.receipt),
+        "receipt": http_receipt(queue, d.receipt),
         "body": orjson.Fragment(d.body),
         "deliveries": d.deliveries,
         "expires_in": round(max(0.0, d.expires_at - now), 3),
@@ -145,7 +145,7 @@ async def _end(
     request's order, and the receipts reported stale."""
     check_name(queue)
     principal.require("consume", queue)
-    asked = parse_end(action, _body(request))
+    asked = parse_end(action, queue, _body(request))
     engine = current_runtime().engine
     ops: list[Ack | Nack | Reject | Extend] = []
     for receipt in asked.receipts.values():

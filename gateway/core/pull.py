@@ -7,16 +7,19 @@ checks those request bodies (every refusal is ``invalid``, naming the field;
 unknown fields too) and marks the receipts it hands out.
 
 A receipt names one delivery (``gateway.core.leases.format_receipt``); an HTTP
-lease's receipt is that string behind :data:`HTTP_RECEIPT_PREFIX`. The
-protocol says an HTTP receipt is ended over HTTP and a socket's on its socket:
-with the mark, a socket's receipt sent over HTTP is told stale without
-touching the store, and an HTTP receipt sent on a socket is stale there
-because no socket holds it.
+lease's receipt is that string behind :data:`HTTP_RECEIPT_PREFIX` and a tag
+of its queue's name (``hTAG.ID.HEX``). The protocol says an HTTP receipt is
+ended over HTTP and a socket's on its socket: with the mark, a socket's
+receipt sent over HTTP is told stale without touching the store, and an HTTP
+receipt sent on a socket is stale there because no socket holds it. The tag
+keeps a request to one queue from ending a lease of another (the store ends
+leases by receipt alone): such a receipt is stale too.
 """
 
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +37,7 @@ __all__ = [
     "http_receipt",
     "parse_end",
     "parse_lease",
+    "split_http_receipt",
     "store_receipt",
 ]
 
@@ -82,17 +86,30 @@ class EndRequest:
     timeout: float = 0.0
 
 
-def http_receipt(receipt: str) -> str:
-    """The receipt an HTTP worker is given for the store's ``receipt``."""
-    return HTTP_RECEIPT_PREFIX + receipt
+def _tag(queue: str) -> str:
+    return f"{zlib.crc32(queue.encode()):08x}"
 
 
-def store_receipt(receipt: str) -> str | None:
-    """The store's receipt behind an HTTP receipt, or None if ``receipt`` is not one."""
+def http_receipt(queue: str, receipt: str) -> str:
+    """The receipt an HTTP worker is given for the store's ``receipt`` of ``queue``."""
+    return f"{HTTP_RECEIPT_PREFIX}{_tag(queue)}.{receipt}"
+
+
+def split_http_receipt(receipt: str) -> tuple[str, str] | None:
+    """``(tag, store receipt)`` of an HTTP receipt, or None if ``receipt`` is not one."""
     if not receipt.startswith(HTTP_RECEIPT_PREFIX):
         return None
-    inner = receipt[len(HTTP_RECEIPT_PREFIX) :]
-    return inner if parse_receipt(inner) is not None else None
+    tag, dot, inner = receipt[len(HTTP_RECEIPT_PREFIX) :].partition(".")
+    if not dot or len(tag) != 8 or parse_receipt(inner) is None:
+        return None
+    return tag, inner
+
+
+def store_receipt(queue: str, receipt: str) -> str | None:
+    """The store's receipt behind an HTTP receipt of ``queue``, or None if
+    ``receipt`` is not one (not an HTTP receipt, or another queue's)."""
+    split = split_http_receipt(receipt)
+    return split[1] if split is not None and split[0] == _tag(queue) else None
 
 
 def _number(data: dict[str, Any], name: str) -> float:
@@ -125,8 +142,11 @@ def parse_lease(data: dict[str, Any]) -> LeaseRequest:
     return LeaseRequest(n, wait, timeout)
 
 
-def parse_end(action: str, data: dict[str, Any]) -> EndRequest:
-    """Check the body of an ack, nack, reject or extend request.
+def parse_end(action: str, queue: str, data: dict[str, Any]) -> EndRequest:
+    """Check the body of an ack, nack, reject or extend request to ``queue``.
+
+    A socket's receipt, and an HTTP receipt of another queue, are well formed
+    but not this request's to end: they go to ``foreign``, reported stale.
 
     Raises:
         Invalid: an unknown field; ``receipts`` not a list of 1..1000
@@ -143,14 +163,16 @@ def parse_end(action: str, data: dict[str, Any]) -> EndRequest:
     mine: dict[str, str] = {}
     foreign: list[str] = []
     for index, receipt in enumerate(receipts):
-        inner = store_receipt(receipt) if isinstance(receipt, str) else None
+        if not isinstance(receipt, str):
+            raise Invalid(f"receipts[{index}] is not a receipt: {str(receipt)[:60]!r}")
+        inner = store_receipt(queue, receipt)
         if inner is not None:
             mine.setdefault(receipt, inner)
-        elif isinstance(receipt, str) and parse_receipt(receipt) is not None:
+        elif split_http_receipt(receipt) is not None or parse_receipt(receipt) is not None:
             if receipt not in foreign:
-                foreign.append(receipt)  # a socket's: ended on its socket only
+                foreign.append(receipt)  # another queue's, or a socket's
         else:
-            raise Invalid(f"receipts[{index}] is not a receipt: {str(receipt)[:60]!r}")
+            raise Invalid(f"receipts[{index}] is not a receipt: {receipt[:60]!r}")
     delay = timeout = 0.0
     if action == "nack" and data.get("delay") is not None:
         delay = _number(data, "delay")

@@ -101,6 +101,12 @@ async def test_receipts_have_one_holder(gateway: GatewayProcess, admin_token: st
         reply = await w.request({"op": "ack", "receipt": leased["receipt"]})
         assert reply.get("code") == "stale_receipt", reply
         assert (await w.request({"op": "ack", "receipt": held["receipt"]}))["op"] == "acked"
+    # A request to another queue does not end this queue's lease.
+    other = unique()
+    status, reply = await _post(
+        gateway, admin_token, other, "ack", {"receipts": [leased["receipt"]]}
+    )
+    assert (status, reply) == (200, {"acked": 0, "stale": [leased["receipt"]]})
     status, reply = await _post(gateway, admin_token, q, "ack", {"receipts": [leased["receipt"]]})
     assert (status, reply) == (200, {"acked": 1, "stale": []})
 
@@ -210,13 +216,14 @@ BAD_ENDS = [
     ("ack", {"receipts": []}),
     ("ack", {"receipts": "1.a"}),
     ("ack", {"receipts": ["not a receipt"]}),
+    ("ack", {"receipts": ["h1.ff"]}),
     ("ack", {"receipts": [7]}),
-    ("ack", {"receipts": ["h1.ff"] * 1001}),
-    ("ack", {"receipts": ["h1.ff"], "delay": 1}),
-    ("nack", {"receipts": ["h1.ff"], "delay": -1}),
-    ("reject", {"receipts": ["h1.ff"], "reason": "x"}),
-    ("extend", {"receipts": ["h1.ff"]}),
-    ("extend", {"receipts": ["h1.ff"], "timeout": 0}),
+    ("ack", {"receipts": ["h00000000.1.ff"] * 1001}),
+    ("ack", {"receipts": ["h00000000.1.ff"], "delay": 1}),
+    ("nack", {"receipts": ["h00000000.1.ff"], "delay": -1}),
+    ("reject", {"receipts": ["h00000000.1.ff"], "reason": "x"}),
+    ("extend", {"receipts": ["h00000000.1.ff"]}),
+    ("extend", {"receipts": ["h00000000.1.ff"], "timeout": 0}),
 ]
 
 
