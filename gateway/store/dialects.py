@@ -51,6 +51,12 @@ INSERT_COLUMNS = (
 )
 #: What a lease returns per message.
 LEASED_COLUMNS = 'id, body, deliveries, "group", priority, visible_at'
+#: A guarded lease's condition (``Dialect.lease``): the queue (the parameter)
+#: is neither paused nor limited. Uncorrelated, so evaluated once per statement.
+LEASE_GUARD = (
+    "AND NOT EXISTS (SELECT 1 FROM leasecast_queue AS qc WHERE qc.id = %s "
+    "AND (qc.paused OR qc.max_in_flight > 0 OR qc.rate_limit > 0))"
+)
 
 
 class Dialect:
@@ -91,11 +97,24 @@ class Dialect:
         return int(run(self._IN_FLIGHT, (queue_id, now, now)).fetchone()[0])
 
     def lease(
-        self, run: Run, queue_id: int, n: int, now: float, lease_end: float, token: int
+        self,
+        run: Run,
+        queue_id: int,
+        n: int,
+        now: float,
+        lease_end: float,
+        token: int,
+        *,
+        guarded: bool = False,
     ) -> list[Sequence[Any]]:
         """Lease up to ``n`` heads of the queue in delivery order (priority, then id),
         noting ``now`` as each lease's start (``leased_at``); returns a row of
-        :data:`LEASED_COLUMNS` per message, in no promised order."""
+        :data:`LEASED_COLUMNS` per message, in no promised order.
+
+        ``guarded``: lease nothing if the queue's row is paused or limited (a
+        round run without the control rules, on settings cached before another
+        process changed them). One primary-key lookup, evaluated once.
+        """
         raise NotImplementedError
 
     def insert(self, run: Run, rows: Sequence[tuple[Any, ...]]) -> list[int]:
@@ -145,7 +164,7 @@ class _Sqlite(Dialect):
     """
     _DELETE_IDS = "DELETE FROM leasecast_message WHERE id IN (SELECT value FROM json_each(%s))"
 
-    _LEASE = f"""
+    _LEASE_TEMPLATE = f"""
         UPDATE leasecast_message
         SET state = 1, deliveries = deliveries + 1, lease_token = %s, leased_at = %s,
             visible_at = CASE WHEN expires_at < %s THEN expires_at ELSE %s END
@@ -153,12 +172,13 @@ class _Sqlite(Dialect):
             SELECT id FROM (
                 SELECT id, priority FROM (
                     SELECT id, priority FROM leasecast_message
-                    WHERE queue_id = %s AND state = 0 ORDER BY priority DESC, id LIMIT %s
+                    WHERE queue_id = %s AND state = 0 {{guard}}
+                    ORDER BY priority DESC, id LIMIT %s
                 )
                 UNION ALL
                 SELECT id, priority FROM (
                     SELECT id, priority FROM leasecast_message
-                    WHERE queue_id = %s AND state IN (1, 3) AND visible_at <= %s
+                    WHERE queue_id = %s AND state IN (1, 3) AND visible_at <= %s {{guard}}
                     ORDER BY priority DESC, id LIMIT %s
                 )
                 ORDER BY priority DESC, id LIMIT %s
@@ -166,12 +186,32 @@ class _Sqlite(Dialect):
         )
         RETURNING {LEASED_COLUMNS}
     """
+    _LEASE = _LEASE_TEMPLATE.replace("{guard}", "")
+    _LEASE_GUARDED = _LEASE_TEMPLATE.replace("{guard}", LEASE_GUARD)
 
     def lease(
-        self, run: Run, queue_id: int, n: int, now: float, lease_end: float, token: int
+        self,
+        run: Run,
+        queue_id: int,
+        n: int,
+        now: float,
+        lease_end: float,
+        token: int,
+        *,
+        guarded: bool = False,
     ) -> list[Sequence[Any]]:
-        params = (token, now, lease_end, lease_end, queue_id, n, queue_id, now, n, n)
-        rows: list[Sequence[Any]] = run(self._LEASE, params).fetchall()
+        if guarded:
+            params: tuple[Any, ...] = (
+                *(token, now, lease_end, lease_end),
+                *(queue_id, queue_id, n),
+                *(queue_id, now, queue_id, n),
+                n,
+            )
+            sql = self._LEASE_GUARDED
+        else:
+            params = (token, now, lease_end, lease_end, queue_id, n, queue_id, now, n, n)
+            sql = self._LEASE
+        rows: list[Sequence[Any]] = run(sql, params).fetchall()
         return rows
 
     def insert(self, run: Run, rows: Sequence[tuple[Any, ...]]) -> list[int]:
@@ -251,14 +291,15 @@ class _Postgres(Dialect):
     # (foreign keys to the row take KEY SHARE) do not wait for it.
     _CONTROL = Dialect._CONTROL + " FOR NO KEY UPDATE"
 
-    _LEASE = """
+    _LEASE_TEMPLATE = """
         WITH ready AS (
             SELECT id, priority FROM leasecast_message
-            WHERE queue_id = %s AND state = 0 ORDER BY priority DESC, id LIMIT %s
+            WHERE queue_id = %s AND state = 0 {guard}
+            ORDER BY priority DESC, id LIMIT %s
             FOR UPDATE SKIP LOCKED
         ), due AS (
             SELECT id, priority FROM leasecast_message
-            WHERE queue_id = %s AND state IN (1, 3) AND visible_at <= %s
+            WHERE queue_id = %s AND state IN (1, 3) AND visible_at <= %s {guard}
             ORDER BY priority DESC, id LIMIT %s
             FOR UPDATE SKIP LOCKED
         ), picked AS (
@@ -271,12 +312,31 @@ class _Postgres(Dialect):
         FROM picked WHERE m.id = picked.id
         RETURNING m.id, m.body, m.deliveries, m."group", m.priority, m.visible_at
     """
+    _LEASE = _LEASE_TEMPLATE.replace("{guard}", "")
+    _LEASE_GUARDED = _LEASE_TEMPLATE.replace("{guard}", LEASE_GUARD)
 
     def lease(
-        self, run: Run, queue_id: int, n: int, now: float, lease_end: float, token: int
+        self,
+        run: Run,
+        queue_id: int,
+        n: int,
+        now: float,
+        lease_end: float,
+        token: int,
+        *,
+        guarded: bool = False,
     ) -> list[Sequence[Any]]:
-        params = (queue_id, n, queue_id, now, n, n, token, now, lease_end, lease_end)
-        rows: list[Sequence[Any]] = run(self._LEASE, params).fetchall()
+        if guarded:
+            params: tuple[Any, ...] = (
+                *(queue_id, queue_id, n),
+                *(queue_id, now, queue_id, n),
+                *(n, token, now, lease_end, lease_end),
+            )
+            sql = self._LEASE_GUARDED
+        else:
+            params = (queue_id, n, queue_id, now, n, n, token, now, lease_end, lease_end)
+            sql = self._LEASE
+        rows: list[Sequence[Any]] = run(sql, params).fetchall()
         return rows
 
     def insert(self, run: Run, rows: Sequence[tuple[Any, ...]]) -> list[int]:

@@ -70,23 +70,68 @@ def lease(txn: Txn, op: Lease) -> LeaseResult:
     A paused queue leases nothing; a limited one at most what its
     ``max_in_flight`` and token bucket allow, counted in this transaction
     (:func:`_allowance`), so no number of processes can exceed them.
+
+    A queue this process believes uncontrolled (its cached settings) leases
+    with a guarded statement that takes nothing if the stored row says the
+    queue is paused or limited; a round that comes back short reads the row
+    and, if so, goes on under the control rules. So a pause or a limit stored
+    by another process binds here from its commit on, not a settings TTL later.
     """
     q = txn.queue(op.queue, create=True)
     expire(txn, q)
     now = txn.now
-    timeout = op.visibility_timeout or q.settings.visibility_timeout
     result = LeaseResult()
-    limits: Allowance | None = None
-    wanted = op.n
-    if q.settings.paused or q.settings.limited:
-        limits = _allowance(txn, q, op.n)
+    limit_due: float | None = None
+    controlled = q.settings.paused or q.settings.limited
+    if not controlled:
+        _lease_into(txn, q, op, op.n, result, guarded=True)
+        controlled = len(result.delivered) < op.n and _became_controlled(txn, q)
+    if controlled:
+        wanted = op.n - len(result.delivered)
+        limits = _allowance(txn, q, wanted)
         if limits is None:  # paused: look again when the settings may have changed
             result.next_due = now + max(PAUSED_RECHECK, txn.queues.ttl)
             return result
-        wanted = limits.n
+        before = len(result.delivered)
+        _lease_into(txn, q, op, limits.n, result, guarded=False)
+        leased = len(result.delivered) - before
+        bucket = limits.spent(leased)
+        if bucket is not None:
+            txn.exec(
+                "UPDATE leasecast_queue SET rate_tokens = %s, rate_refilled_at = %s WHERE id = %s",
+                (bucket.tokens, bucket.refilled_at, q.id),
+            )
+        limit_due = limits.wake_at(leased, wanted)
+    if len(result.delivered) < op.n:
+        due = txn.exec(
+            "SELECT MIN(visible_at) FROM leasecast_message WHERE queue_id = %s AND state IN (1, 3)",
+            (q.id,),
+        ).fetchone()[0]
+        expiring = txn.exec(
+            "SELECT MIN(expires_at) FROM leasecast_message "
+            "WHERE queue_id = %s AND expires_at IS NOT NULL",
+            (q.id,),
+        ).fetchone()[0]
+        times = [t for t in (due, expiring, limit_due) if t is not None]
+        result.next_due = min(times) if times else None
+    return result
+
+
+def _lease_into(
+    txn: Txn, q: QueueRow, op: Lease, wanted: int, result: LeaseResult, *, guarded: bool
+) -> None:
+    """Lease up to ``wanted`` messages into ``result``, refilling what
+    ``max_deliveries`` dead-letters on the way, until the queue runs dry.
+
+    Args:
+        guarded: take nothing if the queue's stored row is paused or limited
+            (``Dialect.lease``), for a round run without the control rules.
+    """
+    now = txn.now
+    timeout = op.visibility_timeout or q.settings.visibility_timeout
     while wanted > 0:
         token = secrets.randbits(62)
-        rows = txn.dialect.lease(txn.exec, q.id, wanted, now, now + timeout, token)
+        rows = txn.dialect.lease(txn.exec, q.id, wanted, now, now + timeout, token, guarded=guarded)
         # The rows' order is not promised: restore delivery order.
         rows.sort(key=lambda row: (-row[4], row[0]))
         dead: list[int] = []
@@ -123,30 +168,28 @@ def lease(txn: Txn, op: Lease) -> LeaseResult:
             txn.leased(q.id, [row[0] for row in rows])
         asked, wanted = wanted, wanted - (len(rows) - len(dead))
         if len(rows) < asked:
-            break  # the queue ran dry; otherwise refill what was dead-lettered
-    limit_due: float | None = None
-    if limits is not None:
-        leased = len(result.delivered)
-        bucket = limits.spent(leased)
-        if bucket is not None:
-            txn.exec(
-                "UPDATE leasecast_queue SET rate_tokens = %s, rate_refilled_at = %s WHERE id = %s",
-                (bucket.tokens, bucket.refilled_at, q.id),
-            )
-        limit_due = limits.wake_at(leased, op.n)
-    if len(result.delivered) < op.n:
-        due = txn.exec(
-            "SELECT MIN(visible_at) FROM leasecast_message WHERE queue_id = %s AND state IN (1, 3)",
-            (q.id,),
-        ).fetchone()[0]
-        expiring = txn.exec(
-            "SELECT MIN(expires_at) FROM leasecast_message "
-            "WHERE queue_id = %s AND expires_at IS NOT NULL",
-            (q.id,),
-        ).fetchone()[0]
-        times = [t for t in (due, expiring, limit_due) if t is not None]
-        result.next_due = min(times) if times else None
-    return result
+            return  # the queue ran dry (or the guard held); else refill the dead-lettered
+
+
+def _became_controlled(txn: Txn, q: QueueRow) -> bool:
+    """Whether ``q``'s stored row is paused or limited though the cache said not
+    (another process changed it); the cache takes the stored values either way."""
+    row = txn.exec(
+        "SELECT paused, max_in_flight, rate_limit, rate_burst FROM leasecast_queue WHERE id = %s",
+        (q.id,),
+    ).fetchone()
+    if row is None:
+        return False
+    paused, max_in_flight, rate_limit, rate_burst = row
+    q.settings = replace(
+        q.settings,
+        paused=bool(paused),
+        max_in_flight=max_in_flight,
+        rate_limit=rate_limit,
+        rate_burst=rate_burst,
+    )
+    txn.queues.note_control(q)
+    return q.settings.paused or q.settings.limited
 
 
 def _allowance(txn: Txn, q: QueueRow, wanted: int) -> Allowance | None:

@@ -101,12 +101,10 @@ async def test_pause_holds_workers_on_both_processes_survives_a_restart_and_resu
     await asyncio.to_thread(b.start)
     doc = await document(b, token, q)
     assert (doc["paused"], doc["visible"], doc["in_flight"]) == (True, 4, 0)
-    async with (
-        await Socket.open(f"{a.ws}/ws/queues/{q}/?prefetch=10", token) as wa,
-        await Socket.open(f"{b.ws}/ws/queues/{q}/?prefetch=10", token) as wb,
-    ):
-        await wa.quiet(1.0)
-        await wb.quiet(1.0)
+    async with await Socket.open(f"{b.ws}/ws/queues/{q}/?prefetch=10", token) as wb:
+        async with await Socket.open(f"{a.ws}/ws/queues/{q}/?prefetch=10", token) as wa:
+            await wa.quiet(1.0)
+            await wb.quiet(1.0)
         await patch(a, token, q, paused=False)  # resumed on A: B's worker follows
         got = await wb.deliveries(4, timeout=15)
     assert sorted(d["body"] for d in got) == [0, 1, 1, 2]

@@ -139,21 +139,26 @@ def test_a_paused_queue_leases_nothing_but_takes_enqueues_acks_and_nacks(
     assert bodies(lease(store, queue, 10)) == ['"b"', '"c"', '"d"']
 
 
-def test_pause_and_limits_stored_by_one_process_hold_on_another(
+def test_pause_and_limits_stored_by_one_process_bind_another_at_once(
     database: tuple[str, Any], store: Store, queue: str, clock: FakeClock
 ) -> None:
-    """Two stores on one database (two processes): what one stores, the other's
-    next lease round obeys (settings re-read: ttl 0 here)."""
-    other = Store(store._connect, store.dialect, clock=clock, settings_ttl=0)
+    """Two stores on one database (two processes). The leasing one caches its
+    settings for an hour, read while the queue was neither paused nor limited:
+    what the other stores binds its very next lease round all the same."""
+    stale = Store(store._connect, store.dialect, clock=clock, settings_ttl=3600)
     try:
-        enqueue(store, queue, *range(6))
-        configure(other, queue, paused=True)
+        enqueue(stale, queue, *range(8))  # caches the queue: no pause, no limits
+        configure(store, queue, paused=True)
+        assert lease(stale, queue, 10).delivered == []
+        configure(store, queue, paused=False, max_in_flight=2)
+        assert len(lease(stale, queue, 10).delivered) == 2
         assert lease(store, queue, 10).delivered == []
-        configure(other, queue, paused=False, max_in_flight=2)
-        assert len(lease(store, queue, 10).delivered) == 2
-        assert lease(other, queue, 10).delivered == []
+        configure(store, queue, max_in_flight=0, rate_limit=1, rate_burst=3)
+        assert len(lease(stale, queue, 10).delivered) == 3  # the cache followed
+        configure(store, queue, rate_limit=0)
+        assert len(lease(stale, queue, 10).delivered) == 3  # the rest: no bucket any more
     finally:
-        other.close()
+        stale.close()
 
 
 def test_max_in_flight_counts_leases_of_every_store_and_frees_room_as_they_end(
