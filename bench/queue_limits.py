@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import statistics
 import sys
@@ -158,6 +159,129 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+# -- the store alone: what a lease round costs under each setting ------------------
+
+#: Settings of the store-level runs: ``unguarded`` is the lease statement as
+#: it was before the guard (the control path's statement), the cost floor.
+STORE_SETTINGS: dict[str, dict[str, Any]] = {
+    "unguarded": {},
+    "guarded": {},
+    "max_in_flight": {"max_in_flight": 1_000_000},
+    "rate_limit": {"rate_limit": 1_000_000, "rate_burst": 1_000_000},
+}
+
+
+def store_costs(backend: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Lease rounds per second through a :class:`~gateway.store.Store` (no
+    server, no sockets): ``--messages`` messages leased ``--round`` at a time,
+    each round acked in the next batch; ``--rounds`` interleaved rounds."""
+    import sqlite3
+    import tempfile
+    from pathlib import Path
+
+    from gateway.core.protocol import EnqueueSpec
+    from gateway.store import (
+        POSTGRESQL,
+        SQLITE,
+        Ack,
+        Configure,
+        Enqueue,
+        Lease,
+        LeaseResult,
+        Op,
+        Store,
+    )
+    from tests.support.databases import postgres_database, postgres_unavailable, sqlite_database
+
+    var = Path(tempfile.mkdtemp(prefix=f"leasecast-bench-limits-{backend}-"))
+    if backend == "postgres":
+        if postgres_unavailable():
+            return []
+        database = postgres_database(var)
+    else:
+        database = sqlite_database(var)
+    rows: list[dict[str, Any]] = []
+    with database as env:
+        if backend == "postgres":
+            import psycopg
+
+            url = env["DATABASE_URL"]
+            store = Store(
+                lambda: psycopg.connect(url, autocommit=True), POSTGRESQL, clock=time.time
+            )
+        else:
+            path = env["GATEWAY_SQLITE_PATH"]
+            store = Store(
+                lambda: sqlite3.connect(path, isolation_level=None), SQLITE, clock=time.time
+            )
+        dialect = store.dialect
+        try:
+            for r in range(args.rounds):
+                for setting, changes in STORE_SETTINGS.items():
+                    queue = f"stmt-{setting}-{r}"
+                    store.run([Configure(queue, changes)])
+                    body = EnqueueSpec(b'{"x": 1}')
+                    for start in range(0, args.messages, 1000):
+                        count = min(1000, args.messages - start)
+                        store.run([Enqueue(queue, [body] * count)])
+                    if setting == "unguarded":
+                        # This dialect object's lease, never guarded (a bench-only shim).
+                        unguarded = functools.partialmethod(type(dialect).lease, guarded=False)
+                        setattr(dialect, "lease", unguarded.__get__(dialect))  # noqa: B010
+                    try:
+                        spent, leased = 0.0, 0
+                        pending: list[Op] = []
+                        while leased < args.messages:
+                            t0 = time.perf_counter()
+                            (got,) = store.run([Lease(queue, args.round)])
+                            spent += time.perf_counter() - t0
+                            assert isinstance(got, LeaseResult), got
+                            leased += len(got.delivered)
+                            if pending:
+                                store.run(pending)
+                            pending = [Ack(d.receipt) for d in got.delivered]
+                        store.run(pending)
+                    finally:
+                        if setting == "unguarded":
+                            delattr(dialect, "lease")
+                    row = {
+                        "backend": backend,
+                        "setting": setting,
+                        "round": r,
+                        "lease_rounds_per_s": (args.messages / args.round) / spent,
+                    }
+                    rows.append(row)
+                    print(f"   {row}", file=sys.stderr, flush=True)
+        finally:
+            store.close()
+    return rows
+
+
+def store_table(rows: list[dict[str, Any]]) -> str:
+    """Per backend and setting: median lease rounds/s, against ``unguarded``."""
+    lines = [
+        "| backend | setting | runs | median lease rounds/s | vs unguarded |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for backend, setting in dict.fromkeys((r["backend"], r["setting"]) for r in rows):
+        mine = [
+            r["lease_rounds_per_s"]
+            for r in rows
+            if (r["backend"], r["setting"]) == (backend, setting)
+        ]
+        base = [
+            r["lease_rounds_per_s"]
+            for r in rows
+            if (r["backend"], r["setting"]) == (backend, "unguarded")
+        ]
+        median = statistics.median(mine)
+        lines.append(
+            f"| {backend} | {setting} | {len(mine)} | {median:,.0f} "
+            f"| {median / statistics.median(base):.2f}x |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", nargs="+", default=["sqlite", "postgres"])
@@ -167,7 +291,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--binding", type=int, default=20, help="max_in_flight of 'binding'")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of off/on settings")
     parser.add_argument("--json", help="write the figures here too")
+    parser.add_argument(
+        "--store",
+        action="store_true",
+        help="measure lease rounds through the store alone (no server), per setting",
+    )
+    parser.add_argument("--round", type=int, default=10, help="--store: messages per lease")
     args = parser.parse_args(argv)
+    if args.store:
+        rows = [row for backend in args.backends for row in store_costs(backend, args)]
+        print(store_table(rows))
+        if args.json:
+            with open(args.json, "w") as out:
+                json.dump({"rows": rows, "args": vars(args)}, out, indent=2)
+        return
     result = asyncio.run(run(args))
     print(table(result["rows"]))
     print()
