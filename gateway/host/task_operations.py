@@ -154,12 +154,12 @@ def list_tasks(
     for group in waiting.values("effective").annotate(n=Count("id")):
         counts[group["effective"]] = counts.get(group["effective"], 0) + group["n"]
     rows = _with_status(now).filter(where)
-    if status in ("READY", "RUNNING"):
-        rows = rows.filter(status="READY", effective=status)
+    if status == "READY":
+        rows = rows.filter(status="READY", effective="READY")
     elif status == "SUCCESSFUL":
         rows = rows.filter(status=status)
-    elif status == "FAILED":
-        rows = rows.filter(Q(status="FAILED") | Q(status="READY", effective="FAILED"))
+    elif status:  # RUNNING or FAILED: stored so, or READY with its message leased or gone
+        rows = rows.filter(Q(status=status) | Q(status="READY", effective=status))
     total = counts.get(status, 0) if status else sum(counts.values())
     page = rows.order_by("-enqueued_at", "id")[offset : offset + limit]
     return TaskPage([_as_json(r, now) for r in page], total, counts, offset, limit)

@@ -676,10 +676,10 @@ function renderWorkers(snapshot) {
   const tasks = snapshot.running_tasks || {};
   const from = pager("workers", rows.length, renderAll);
   const shown = rows.slice(from, from + PAGE);
-  syncRows(document.querySelector("#worker-table tbody"), shown.length ? shown : [{ none: true }],
-    (w) => (w.none ? "none" : `${w.process}\u0000${w.id}`),
+  document.getElementById("worker-empty").hidden = rows.length > 0;
+  syncRows(document.querySelector("#worker-table tbody"), shown,
+    (w) => `${w.process}\u0000${w.id}`,
     (w) => {
-      if (w.none) return el("tr", {}, el("td", { colspan: "7", class: "muted" }, "No worker is connected."));
       return el("tr", { tabindex: "0", "data-queue": w.queue, "data-socket": w.id },
         el("td", {}, el("span", { class: "tag" }, w.process)), el("td", { class: "name" }, w.queue),
         el("td", { class: "client" }, el("span", { class: "clip", title: w.client }, w.client)),
@@ -687,7 +687,6 @@ function renderWorkers(snapshot) {
         el("td", { class: "num" }), el("td", { class: "running" }), el("td", { class: "num" }));
     },
     (tr, w) => {
-      if (w.none) return;
       const c = tr.cells;
       setText(c[4], `${num(w.leases)} / ${num(w.prefetch)}`);
       setText(c[6], num(w.acked));
@@ -781,13 +780,12 @@ function renderTasks() {
   box.querySelector(".prev").disabled = state.pages.tasks === 0;
   box.querySelector(".next").disabled = state.pages.tasks >= pages - 1;
   box.hidden = pages === 1;
-  const items = page.tasks.length ? page.tasks : [{ none: true }];
-  syncRows(document.querySelector("#task-table tbody"), items, (x) => (x.none ? "none" : x.id),
+  const empty = document.getElementById("task-empty");
+  empty.hidden = page.tasks.length > 0;
+  setText(empty, t.status || t.name ? "No task matches."
+    : "No task result yet: tasks enqueued through gateway.tasks.LeasecastBackend appear here.");
+  syncRows(document.querySelector("#task-table tbody"), page.tasks, (x) => x.id,
     (x) => {
-      if (x.none) {
-        return el("tr", {}, el("td", { colspan: "10", class: "muted" },
-          t.status || t.name ? "No task matches." : "No task result yet: tasks enqueued through gateway.tasks.LeasecastBackend appear here."));
-      }
       const details = el("details", {}, el("summary", {}), el("pre", {}));
       const tr = el("tr", { tabindex: "0", "data-id": x.id },
         el("td", {}, el("span", { class: "status" })),
@@ -801,7 +799,6 @@ function renderTasks() {
       return tr;
     },
     (tr, x) => {
-      if (x.none) return;
       const c = tr.cells;
       tr.dataset.status = x.status;
       const badge = c[0].firstChild;
@@ -912,15 +909,12 @@ async function loadSchedules() {
   section.hidden = false;
   const list = body.schedules;
   setText(document.getElementById("schedule-count"), list.length);
-  syncRows(document.querySelector("#schedule-table tbody"), list.length ? list : [{ none: true }],
-    (x) => (x.none ? "none" : x.name),
-    (x) => (x.none
-      ? el("tr", {}, el("td", { colspan: "7", class: "muted" }, "No schedule."))
-      : el("tr", { tabindex: "0", "data-schedule": x.name },
-        el("td", { class: "name" }, x.name), el("td", { class: "name" }), el("td", {}),
-        el("td", { class: "num" }), el("td", { class: "num" }), el("td", { class: "num" }), el("td", {}))),
+  document.getElementById("schedule-empty").hidden = list.length > 0;
+  syncRows(document.querySelector("#schedule-table tbody"), list, (x) => x.name,
+    (x) => el("tr", { tabindex: "0", "data-schedule": x.name },
+      el("td", { class: "name" }, x.name), el("td", { class: "name" }), el("td", {}),
+      el("td", { class: "num" }), el("td", { class: "num" }), el("td", { class: "num" }), el("td", {})),
     (tr, x) => {
-      if (x.none) return;
       const c = tr.cells;
       const task = x.body && typeof x.body === "object" && typeof x.body.task === "string" ? x.body.task : null;
       setText(c[1], task ? `${x.queue} · ${task}` : x.queue);
