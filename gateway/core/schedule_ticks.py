@@ -75,7 +75,9 @@ class TickRule:
             return (math.floor(t / self.every) + 1) * self.every
         assert self.cron is not None
         zone = _zone(self.timezone)
-        wall = _wall(t, zone)
+        # Cron ticks fall on whole seconds: from the whole second at or before
+        # ``t`` (a float a hair below a second would round up to it).
+        wall = _wall(math.floor(t), zone)
         try:
             for candidate in CronSim(self.cron, wall):
                 at = _instant(candidate, zone)
@@ -93,11 +95,12 @@ class TickRule:
             return math.floor(t / self.every) * self.every
         assert self.cron is not None
         zone = _zone(self.timezone)
-        wall = _wall(t, zone)
+        second = math.floor(t)  # cron ticks fall on whole seconds
+        wall = _wall(second, zone)
         # cronsim's reverse iteration starts below the time it is given:
         # from the next whole second, so that ``t`` itself may be the tick.
-        start = wall.replace(microsecond=0) + timedelta(seconds=1)
-        if _instant(wall, zone) != t:
+        start = wall + timedelta(seconds=1)
+        if _instant(wall, zone) != second:
             # ``t`` is in the second pass of a repeated hour: the wall times
             # after its own, up to the end of the first pass, ticked before
             # it. Start past the repetition; later candidates are skipped.

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
+from zoneinfo import ZoneInfo
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.core.errors import Invalid
 from gateway.core.schedule_ticks import TickRule, due_tick, parse_tick_rule, tick_label
@@ -161,3 +164,61 @@ def test_invalid_rules_are_refused_with_a_detail(fields: dict[str, object], deta
 def test_tick_labels() -> None:
     assert tick_label(at("2026-11-26T03:00:00+00:00")) == "2026-11-26T03:00:00Z"
     assert tick_label(at("2026-11-26T03:00:00.5+00:00")) == "2026-11-26T03:00:00.500Z"
+
+
+_EXPRESSIONS = [
+    "*/30 * * * *",
+    "30 2 * * *",
+    "0 * * * *",
+    "15 1-3 * * sun",
+    "0 0 1 * *",
+    "*/7 2 * * *",
+]
+_ZONES = ["UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Asia/Kolkata"]
+
+
+def _transitions() -> list[float]:
+    """The instants of 2026-2027 at which one of :data:`_ZONES` changes its offset."""
+    found = []
+    start = int(at("2026-01-01T00:00:00+00:00"))
+    for zone in map(ZoneInfo, _ZONES):
+        before = datetime.fromtimestamp(start, zone).utcoffset()
+        for hour in range(start, start + 2 * 365 * 86400, 1800):
+            offset = datetime.fromtimestamp(hour, zone).utcoffset()
+            if offset != before:
+                found.append(float(hour))
+                before = offset
+    return found
+
+
+_YEARS = st.floats(
+    min_value=at("2026-01-01T00:00:00+00:00"), max_value=at("2027-12-31T00:00:00+00:00")
+)
+#: Times within three hours of a daylight-saving change, where the rules bite.
+_NEAR_CHANGES = st.builds(
+    lambda change, offset: change + offset,
+    st.sampled_from(_transitions()),
+    st.floats(min_value=-3 * 3600, max_value=3 * 3600),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    expression=st.sampled_from(_EXPRESSIONS),
+    zone=st.sampled_from(_ZONES),
+    # 2026-2027, whole and fractional seconds, and often near a DST change
+    t=st.one_of(_YEARS, _NEAR_CHANGES),
+)
+def test_latest_and_next_agree_around_any_time(expression: str, zone: str, t: float) -> None:
+    rule = parse_tick_rule(cron=expression, timezone=zone, now=0)
+    latest, following = rule.latest_at(t), rule.next_after(t)
+    assert latest is not None and following is not None
+    assert latest <= t < following
+    # Nothing ticks between them: each finds the other.
+    assert rule.next_after(latest) == following
+    assert rule.latest_at(following) == following
+    assert rule.latest_at(following - 0.001) == latest
+    # A tick is a wall time that exists, at its first occurrence.
+    for tick in (latest, following):
+        local = datetime.fromtimestamp(tick, ZoneInfo(zone))
+        assert local.replace(fold=0).timestamp() == tick
