@@ -4,7 +4,7 @@ Protocol 1.2, "General": operator actions over HTTP and WebSocket with a
 session need a superuser, or a staff user with the matching Django
 permission: reading (stats, browse, metrics, the dashboard) needs
 ``gateway.view_queue``; acting on queues and messages (purge, redrive,
-requeue, delete, settings, disconnect) ``gateway.change_queue``; topic
+requeue, delete, cancel, settings, disconnect) ``gateway.change_queue``; topic
 settings ``gateway.change_topic``. A stored token's ``admin`` scope is
 unchanged. Real users logged in through the admin's form, a real daphne.
 """
@@ -122,6 +122,7 @@ def test_http_operator_actions_need_the_matching_permission(
             ("settings", "PATCH", f"/api/queues/{queue}", {"max_deliveries": 7}),
             ("requeue", "POST", f"/api/queues/{queue}/messages/{ids[0]}/requeue", None),
             ("delete", "DELETE", f"/api/queues/{queue}/messages/{ids[1]}", None),
+            ("cancel", "POST", f"/api/queues/{queue}/messages/{ids[2]}/cancel", None),
             ("redrive", "POST", f"/api/queues/{queue}/redrive", None),
             ("purge", "POST", f"/api/queues/{queue}/purge", None),
         ]:
