@@ -8,23 +8,32 @@ transaction commits, on whichever gateway process its socket is: an ``async``
 task is cancelled, a sync one sees ``gateway.tasks.cancelled()`` turn true,
 and the worker publishes FAILED with ``leasecast.errors.Cancelled`` on the
 task's topic. A task that had not started is published FAILED here, after
-the commit, when this process serves the gateway (a process that does not
-has no topic to publish to: the result says FAILED all the same).
+the commit: through this process's runtime when it serves the gateway, else
+over HTTP to ``LEASECAST_URL`` with ``LEASECAST_TOKEN`` when they are set
+(the token needs ``publish:task.*``); otherwise the topic is not told (the
+result says FAILED all the same).
 """
 
 from __future__ import annotations
 
+import logging
+from urllib.parse import quote
+
 import orjson
 from django.db import transaction
 
-from gateway.core.errors import NotFound
+from gateway.conf import client_setting
+from gateway.core.errors import LeasecastError, NotFound
 from gateway.core.task_decisions import cancelled_update, task_topic
 from gateway.engine.notify import announce_cancelled
 from gateway.host.on_django import django_transaction
+from gateway.host.producer import _post
 from gateway.runtime import publish_from_thread
 from gateway.store.operator import cancel_message
 
 __all__ = ["cancel"]
+
+log = logging.getLogger("leasecast.tasks")
 
 
 def cancel(result_id: str, *, using: str = "default") -> bool:
@@ -64,5 +73,20 @@ def cancel(result_id: str, *, using: str = "default") -> bool:
         elif outcome.cancelled:
             body = orjson.dumps(cancelled_update("the task was cancelled before it ran"))
             topic = task_topic(result_id)
-            transaction.on_commit(lambda: publish_from_thread(topic, body), using=using)
+            transaction.on_commit(lambda: _tell(topic, body), using=using)
     return bool(outcome.cancelled)
+
+
+def _tell(topic: str, body: bytes) -> None:
+    """Publish ``body`` to ``topic``: in process if this is a gateway, else over HTTP
+    if a gateway is configured; never raises (the cancel is committed already)."""
+    if publish_from_thread(topic, body):
+        return
+    url, token = client_setting("LEASECAST_URL"), client_setting("LEASECAST_TOKEN")
+    if not url or not token:
+        return
+    endpoint = f"{url.rstrip('/')}/api/topics/{quote(topic, safe='')}/messages"
+    try:
+        _post(endpoint, token, b'{"messages":[{"body":%s}]}' % body)
+    except (LeasecastError, OSError) as exc:
+        log.warning("cancelled, but cannot tell %s: %s", topic, exc)

@@ -7,8 +7,9 @@ and reads results with ``get_result``, as a web process would) and workers
 on its queues and ``publish`` on the tasks' topics only, and a
 ``DATABASE_URL`` that leads nowhere: it must run on the gateway alone (its
 progress and outcomes go to ``task.RESULT_ID`` over its own socket). The
-driver also cancels tasks (``gateway.tasks.cancel``) as a web process would. ``TASKSITE_WORKER`` makes ``tests.tasksite.unimportable`` fail to
-import in workers only, and ``TASKSITE_IMPORTED`` makes
+driver also cancels tasks (``gateway.tasks.cancel``) as a web process would.
+``TASKSITE_WORKER`` makes ``tests.tasksite.unimportable`` fail to import in
+workers only, and ``TASKSITE_IMPORTED`` makes
 ``tests.tasksite.side_effect`` write a file when a worker imports it: neither
 is in the workers' registry (protocol 1.2, Tasks: only registered tasks run),
 so neither may ever be imported there.
@@ -136,7 +137,9 @@ class Site:
         self.admin = admin
         #: written by ``tests.tasksite.side_effect`` if a worker ever imports it
         self.imported = gateway.var_dir / "side-effect-imported"
-        self.driver = Driver(env)
+        # The driver is no gateway: a cancel tells the task's topic over HTTP.
+        teller = gateway.issue_token("publish:task.*", name="task-canceller")
+        self.driver = Driver({**env, "LEASECAST_URL": gateway.http, "LEASECAST_TOKEN": teller})
         # consume on its queues, publish on the tasks' topics (progress, outcomes)
         consume = gateway.issue_token("consume:tw*", "publish:task.*", name="task-worker")
         self.worker_env = {
@@ -544,6 +547,9 @@ def test_a_task_cancelled_before_it_runs_never_runs(tw: Site, tmp_path: Path) ->
     result = tw.driver.result(result_id)
     assert result["status"] == "FAILED"
     assert result["errors"][-1]["exception_class_path"] == "leasecast.errors.Cancelled"
+    # The driver is no gateway: it told the topic over HTTP (LEASECAST_URL).
+    error = "leasecast.errors.Cancelled: the task was cancelled before it ran"
+    assert tw.topic_ends(result_id) == [{"status": "FAILED", "error": error}]
     after = tw.driver.enqueue("add", q, 2, 2, mark=mark)
     tw.worker(q)
     tw.driver.finished(after)
