@@ -73,7 +73,7 @@ def lease(txn: Txn, op: Lease) -> LeaseResult:
 
     A queue this process believes uncontrolled (its cached settings) leases
     with a guarded statement that takes nothing if the stored row says the
-    queue is paused or limited; a round that comes back short reads the row
+    queue is paused or limited; a round that comes back empty reads the row
     and, if so, goes on under the control rules. So a pause or a limit stored
     by another process binds here from its commit on, not a settings TTL later.
     """
@@ -85,7 +85,9 @@ def lease(txn: Txn, op: Lease) -> LeaseResult:
     controlled = q.settings.paused or q.settings.limited
     if not controlled:
         _lease_into(txn, q, op, op.n, result, guarded=True)
-        controlled = len(result.delivered) < op.n and _became_controlled(txn, q)
+        # The guard takes all or nothing: only an empty round may be its doing.
+        empty = not result.delivered and not result.dead_lettered
+        controlled = empty and _became_controlled(txn, q)
     if controlled:
         wanted = op.n - len(result.delivered)
         limits = _allowance(txn, q, wanted)
