@@ -17,6 +17,13 @@ import pytest
 from leasecast import Worker
 from leasecast.errors import StaleReceipt
 
+from tests.integration.test_operations import (
+    PASSWORD,
+    StaffSession,
+    admin_log,
+    logged,
+    notices,
+)
 from tests.support.clients import Socket, ahttp, unique
 from tests.support.gateways import GatewayProcess
 
@@ -191,3 +198,36 @@ async def test_python_worker_sees_cancel_while_busy(
             break
     assert seen == [msg_id]
     assert w.cancels == 1
+
+
+async def test_admin_action_cancels_and_tells_the_socket(
+    gateway: GatewayProcess, admin_token: str
+) -> None:
+    """The admin's "Cancel" action: the held message's socket is told, a ready one
+    is dead-lettered too, and both are in the admin log."""
+    gateway.manage(
+        "shell",
+        "-c",
+        "from django.contrib.auth.models import User;"
+        f"User.objects.create_superuser('canceller', 'c@example.com', {PASSWORD!r})",
+    )
+    staff = StaffSession(gateway.http)
+    await asyncio.to_thread(staff.login, "canceller", PASSWORD)
+    q = unique()
+    held_id, ready_id = await _enqueue(gateway, admin_token, q, {"body": 1}, {"body": 2})
+    async with await Socket.open(f"{gateway.ws}/ws/queues/{q}/?prefetch=1", admin_token) as w:
+        (held,) = await w.deliveries(1)
+        assert held["id"] == held_id
+        page = await asyncio.to_thread(
+            staff.action, "message", "cancel_messages", [held_id, ready_id]
+        )
+        assert "Cancelled 2 messages." in notices(page), notices(page)
+        told = await w.next()
+        assert told == {"op": "cancel", "queue": q, "id": held_id, "receipt": held["receipt"]}
+        await w.quiet(0.3)  # nothing else: the ready message is dead too
+    assert await _dead(gateway, admin_token, q) == {held_id: "cancelled", ready_id: "cancelled"}
+    entries = await asyncio.to_thread(admin_log, gateway)
+    for msg_id in (held_id, ready_id):
+        assert [e["message"] for e in logged(entries, "message", msg_id)] == [
+            "Cancelled (dead-lettered, its lease ended)."
+        ]
