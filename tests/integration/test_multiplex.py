@@ -9,6 +9,7 @@ publishing on A. A process killed with SIGKILL has gateways of its own.
 from __future__ import annotations
 
 import asyncio
+import json
 import tempfile
 import urllib.request
 from collections import defaultdict
@@ -464,3 +465,55 @@ async def test_python_multiplexer_presence_callbacks_and_document(deployment: De
         gone = await asyncio.wait_for(left.get(), 10)
         assert gone["user"] == "erin"
         assert "erin" not in {m["user"] for m in sub.members.values()}
+
+
+async def test_a_multiplexed_socket_that_stops_reading_applies_each_policy(one: Deployment) -> None:
+    """Its transport full, every subscription's buffer stops draining: each one's
+    capacity and policy apply, and a socket that reads gets everything."""
+    from websockets.asyncio.client import connect
+
+    d = one
+    oldest, newest = unique("stall-old"), unique("stall-new")
+    stalled = await connect(
+        f"{d.sub.ws}/ws/",
+        additional_headers={"Authorization": f"Bearer {d.token}"},
+        ping_interval=None,
+        compression=None,
+    )
+    for topic, policy in ((oldest, "drop_oldest"), (newest, "drop_newest")):
+        frame = {"op": "subscribe", "topic": topic, "capacity": 50, "on_full": policy}
+        await stalled.send(json.dumps({**frame, "credit": 1_000_000_000}))
+        assert json.loads(await stalled.recv())["op"] == "subscribed"
+    stalled.transport.pause_reading()  # reads nothing more, not even pings
+    publishes, pad = 3000, "x" * 8192
+    async with await Socket.open(f"{d.sub.ws}/ws/", d.token) as reader:
+        for topic in (oldest, newest):
+            frame = {"op": "subscribe", "topic": topic, "credit": 1_000_000_000}
+            assert (await reader.request(frame))["op"] == "subscribed"
+        async with await Socket.open(f"{d.pub.ws}/ws/produce/", d.token) as producer:
+            for start in range(0, publishes, 200):
+                replies = await asyncio.gather(
+                    *(
+                        producer.request({"op": "publish", "topic": t, "body": [i, pad]}, 60)
+                        for i in range(start, start + 200)
+                        for t in (oldest, newest)
+                    )
+                )
+                assert {r["op"] for r in replies} == {"published"}
+        items, dropped, _ = await gather_items(reader, 2 * publishes, timeout=60)
+        for topic in (oldest, newest):
+            assert [it["body"][0] for it in items[topic]] == list(range(publishes))
+            assert dropped[topic] == 0
+    status, snapshot = await ahttp("GET", f"{d.sub.http}/api/stats", d.token)
+    assert status == 200
+    (carried,) = [
+        {t["topic"]: t for t in s["topics"]}
+        for s in snapshot["sockets"]
+        if s["kind"] == "multiplex" and oldest in {t["topic"] for t in s["topics"]}
+    ]
+    for topic, dropped_by in ((oldest, "dropped_oldest"), (newest, "dropped_newest")):
+        sub = carried[topic]
+        assert sub["buffered"] == 50, sub  # full: its transport took no more
+        assert sub[dropped_by] > 0, sub
+        assert sub["delivered"] + sub["buffered"] + sub["dropped"] == publishes, sub
+    stalled.transport.abort()
