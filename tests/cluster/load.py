@@ -172,6 +172,7 @@ async def producer(
                     await asyncio.sleep(0.05)
         except LOST_SOCKET:
             ledger.closes[f"producer {s.conn.close_code}"] += 1
+            await s.abort()  # a peer that stopped answering: no closing handshake to wait for
         finally:
             await s.close()
 
@@ -241,6 +242,7 @@ async def worker(
                     await asyncio.sleep(0.05)
         except LOST_SOCKET:
             ledger.closes[f"worker {s.conn.close_code}"] += 1
+            await s.abort()  # a peer that stopped answering: no closing handshake to wait for
         finally:
             if freeze is not None and freeze.is_set():
                 await s.abort()
