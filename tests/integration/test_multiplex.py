@@ -517,3 +517,33 @@ async def test_a_multiplexed_socket_that_stops_reading_applies_each_policy(one: 
         assert sub[dropped_by] > 0, sub
         assert sub["delivered"] + sub["buffered"] + sub["dropped"] == publishes, sub
     stalled.transport.abort()
+
+
+async def test_a_topic_whose_offsets_restart_ends_only_its_subscription(
+    two: Deployment, redis_url: str
+) -> None:
+    """Redis loses one topic's data: on /ws/ that subscription ends with
+    ``stream_restarted`` (a subscriber socket would be closed with 4409)."""
+    import redis
+
+    d = two
+    lost, kept = unique("lost"), unique("kept")
+    async with await Socket.open(f"{d.sub.ws}/ws/", d.token) as s:
+        for topic in (lost, kept):
+            assert (await s.request({"op": "subscribe", "topic": topic}))["op"] == "subscribed"
+        await publish(d, lost, ["before"])
+        items, _, _ = await gather_items(s, 1)
+        assert [it["body"] for it in items[lost]] == ["before"]
+        prefix = d.pub.env["GATEWAY_REDIS_PREFIX"]
+        client = redis.Redis.from_url(redis_url)
+        client.delete(f"{prefix}:topic:{lost}:meta", f"{prefix}:topic:{lost}:stream")
+        await publish(d, lost, ["after"])  # a new epoch, seen by the subscribing process
+        ended = await s.next(timeout=20)
+        assert ended == {"op": "unsubscribed", "topic": lost, "reason": "stream_restarted"}
+        await publish(d, kept, ["still"])
+        items, _, _ = await gather_items(s, 1)
+        assert dict(items) == {kept: [items[kept][0]]}
+        assert items[kept][0]["body"] == "still"
+        # Subscribed again, it is in the new epoch.
+        again = await s.request({"op": "subscribe", "topic": lost})
+        assert again["op"] == "subscribed" and again["offset"] >= 1
