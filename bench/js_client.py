@@ -436,16 +436,22 @@ class PythonClient:
 # ------------------------------------------------------------- publisher ----
 
 
+def carries(socket: dict[str, Any], topic: str) -> bool:
+    """A socket of ``/api/stats`` subscribed to ``topic``: a subscriber socket, or a
+    multiplexed one (the JavaScript client's default) carrying it."""
+    if socket["kind"] == "multiplex":
+        return any(t.get("topic") == topic for t in socket.get("topics", []))
+    return bool(socket["kind"] == "subscriber" and socket.get("topic") == topic)
+
+
 async def subscribed(gateway: Any, admin: str, topic: str, timeout: float = 30) -> None:
-    """Wait until the gateway lists a subscriber socket of ``topic``."""
+    """Wait until the gateway lists a socket subscribed to ``topic``."""
     from tests.support.clients import ahttp
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status, stats = await ahttp("GET", f"{gateway.http}/api/stats", admin)
-        if status == 200 and any(
-            s["kind"] == "subscriber" and s.get("topic") == topic for s in stats["sockets"]
-        ):
+        if status == 200 and any(carries(s, topic) for s in stats["sockets"]):
             return
         await asyncio.sleep(0.05)
     raise TimeoutError(f"no subscriber of {topic} after {timeout} s")
@@ -530,7 +536,7 @@ async def force_disconnect(gateway: Any, admin: str, topic: str) -> float:
 
     status, stats = await ahttp("GET", f"{gateway.http}/api/stats", admin)
     assert status == 200, stats
-    (sock,) = [s for s in stats["sockets"] if s["kind"] == "subscriber" and s["topic"] == topic]
+    (sock,) = [s for s in stats["sockets"] if carries(s, topic)]
     async with await Socket.open(f"{gateway.ws}/ws/dashboard/", admin) as dashboard:
         reply = await dashboard.request(
             {"op": "disconnect", "process": sock["process"], "socket": sock["id"]}
