@@ -250,3 +250,21 @@ async def ahttp_text(gw: GatewayProcess, token: str) -> tuple[int, str]:
             return response.status, response.read().decode()
 
     return await asyncio.to_thread(get)
+
+
+async def test_http_leases_obey_pause_and_max_in_flight_with_socket_leases(
+    pair: tuple[GatewayProcess, GatewayProcess], token: str
+) -> None:
+    """An HTTP worker on one process and a socket on the other share the one
+    limit; a paused queue answers an HTTP lease with nothing."""
+    a, b = pair
+    q = unique("http")
+    await enqueue(a, token, q, 6)
+    await patch(a, token, q, max_in_flight=3)
+    async with await Socket.open(f"{a.ws}/ws/queues/{q}/?prefetch=2", token) as w:
+        await w.deliveries(2)
+        status, body = await ahttp("POST", f"{b.http}/api/queues/{q}/lease", token, {"max": 10})
+        assert status == 200 and len(body["deliveries"]) == 1, body
+        await patch(b, token, q, paused=True, max_in_flight=0)
+        status, body = await ahttp("POST", f"{a.http}/api/queues/{q}/lease", token, {"max": 10})
+        assert (status, body["deliveries"]) == (200, []), body
