@@ -668,7 +668,11 @@ function renderEmptyHint(snapshot) {
 function renderWorkers(snapshot) {
   const rows = [];
   for (const process of snapshot.processes) {
-    for (const s of process.sockets) if (s.kind === "worker") rows.push({ ...s, process: process.name });
+    for (const s of process.sockets) {
+      if (s.kind !== "worker") continue;
+      s.process = process.name;  // the frame's own objects, as socketRows: no copies
+      rows.push(s);
+    }
   }
   // Busy workers first, then by queue.
   rows.sort((a, b) => b.leases - a.leases || String(a.queue).localeCompare(String(b.queue)));
