@@ -993,7 +993,10 @@ class Multiplex extends Link {
   }
 
   lost() {
-    for (const sub of this.topics.values()) sub.subscribedOn = null;
+    for (const sub of this.topics.values()) {
+      sub.subscribedOn = null;
+      sub._ready = false;
+    }
   }
 
   _finish(error) {
@@ -1022,6 +1025,8 @@ export class MuxSubscription {
     this.error = null;
     this.subscribedOn = null; // the socket the current subscription is on
     this._everSubscribed = false; // the gateway said `subscribed` once
+    this._ready = false; // subscribed on the current socket
+    this._openWaiters = [];
     this._chain = Promise.resolve();
     this.done = new Promise((resolve) => {
       this._resolveDone = resolve;
@@ -1082,6 +1087,7 @@ export class MuxSubscription {
     if (this.closed) return;
     const resumed = this._everSubscribed;
     this.subscribedOn = ws;
+    this._ready = false;
     const frame = subscribeFrame(this.topic, this.options, this.core.openParams());
     ws.send(JSON.stringify(frame));
     if (resumed && !this.core.position.resuming) {
@@ -1096,8 +1102,12 @@ export class MuxSubscription {
   }
 
   _frame(frame, ws) {
-    if (frame.op === "subscribed") this._everSubscribed = true;
     if (this.closed || ws !== this.subscribedOn) return;
+    if (frame.op === "subscribed") {
+      this._everSubscribed = true;
+      this._ready = true;
+      for (const waiter of this._openWaiters.splice(0)) waiter.resolve();
+    }
     if (frame.op === "unsubscribed") {
       // The gateway ended it (slow consumer, the topic's offsets restarted):
       // subscribe again from the position, as a socket of its own reconnects.
@@ -1149,12 +1159,19 @@ export class MuxSubscription {
     if (this.closed && this.error !== null) return;
     this.closed = true;
     this.error = error || null;
+    const failure = this.error || new ConnectionClosed(CloseCode.NORMAL_CLOSURE, "closed");
+    for (const waiter of this._openWaiters.splice(0)) waiter.reject(failure);
     this._resolveDone(this.error);
   }
 
-  /** Whether a socket is open for it (or the client gave up). */
+  /** Resolves once the gateway has subscribed it on an open socket (`subscribed`). */
   whenOpen() {
-    return this.link ? this.link.whenOpen() : Promise.resolve();
+    if (this.closed) {
+      return Promise.reject(this.error || new ConnectionClosed(CloseCode.NORMAL_CLOSURE, "closed"));
+    }
+    const ws = this.subscribedOn;
+    if (this._ready && ws && ws.readyState === OPEN) return Promise.resolve();
+    return new Promise((resolve, reject) => this._openWaiters.push({ resolve, reject }));
   }
 
   /** Stop receiving the topic. Resolves once done. */
