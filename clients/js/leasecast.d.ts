@@ -243,6 +243,7 @@ export declare class MuxSubscription<T = unknown> {
   readonly dropped: number;
   /** The topic's members by client id (with `presence: true`). */
   readonly members: Map<string, Member>;
+  /** Resolves once the gateway has subscribed it on an open socket; rejects once it ended. */
   whenOpen(): Promise<void>;
   close(): Promise<void>;
 }
