@@ -547,3 +547,37 @@ async def test_a_topic_whose_offsets_restart_ends_only_its_subscription(
         # Subscribed again, it is in the new epoch.
         again = await s.request({"op": "subscribe", "topic": lost})
         assert again["op"] == "subscribed" and again["offset"] >= 1
+
+
+async def test_a_flood_of_bad_frames_gets_one_error_each_in_order(one: Deployment) -> None:
+    """Thousands of bad subscription frames sent without waiting: one error each, in
+    order, and the socket's subscription still delivers afterwards."""
+    from websockets.asyncio.client import connect
+
+    d = one
+    topic = unique("flood")
+    bad = [
+        lambda i: {"op": "subscribe", "topic": 5, "ref": i},
+        lambda i: {"op": "subscribe", "topic": topic, "ref": i},  # subscribed already
+        lambda i: {"op": "subscribe", "topic": f"{topic}x", "capacity": -1, "ref": i},
+        lambda i: {"op": "subscribe", "topic": f"{topic}x", "presence": 1, "ref": i},
+        lambda i: {"op": "unsubscribe", "topic": f"{topic}-{i}", "ref": i},
+        lambda i: {"op": "credit", "n": 5, "ref": i},
+        lambda i: {"op": "credit", "topic": "not this one", "n": 5, "ref": i},
+        lambda i: {"op": "unsubscribe", "ref": i},
+    ]
+    n = 2000
+    async with connect(
+        f"{d.sub.ws}/ws/", additional_headers={"Authorization": f"Bearer {d.token}"}
+    ) as ws:
+        await ws.send(json.dumps({"op": "subscribe", "topic": topic, "ref": "first"}))
+        assert json.loads(await ws.recv())["op"] == "subscribed"
+        for i in range(n):
+            await ws.send(json.dumps(bad[i % len(bad)](i)))
+        replies = [json.loads(await asyncio.wait_for(ws.recv(), 30)) for _ in range(n)]
+        assert [r["ref"] for r in replies] == list(range(n))
+        assert {r["op"] for r in replies} == {"error"}
+        assert {r["code"] for r in replies} == {"bad_frame", "invalid"}
+        await publish(d, topic, ["after the flood"])
+        frame = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert frame["op"] == "messages" and frame["items"][0]["body"] == "after the flood"
