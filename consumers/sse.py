@@ -35,7 +35,6 @@ when the topic's offsets restart, or when its token expires or is revoked.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
@@ -149,6 +148,8 @@ class EventStream:
         self._epoch = ""
         self._expiry: asyncio.TimerHandle | None = None
         self._watched_token: int | None = None
+        self._keepalive_timer: asyncio.TimerHandle | None = None
+        self._comment_due = False
         #: chunks queued and the transport's room: the stream's writability
         self.window = SocketWindow(self._writable_changed)
         if flow is not None:
@@ -287,23 +288,23 @@ class EventStream:
         window = self.window
         try:
             yield OPENING
-            next_comment = loop.time() + self.keepalive
+            # One timer for the keep-alive, rather than a timed wait (a task
+            # and a timer) each time the stream waits for events.
+            self._keepalive_timer = loop.call_later(self.keepalive, self._keepalive_due)
             while True:
                 if window.transport_paused:
                     # daphne's write buffer is full: nothing more is taken from
                     # the buffer until it drains (the policy acts meanwhile).
                     await window.transport_ready.wait()
-                if not self._chunks and self._ended is None:
-                    wait = next_comment - loop.time()
-                    if wait > 0:
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(self._ready.wait(), wait)
+                if not self._chunks and self._ended is None and not self._comment_due:
+                    await self._ready.wait()
                 self._ready.clear()
                 chunks, self._chunks = self._chunks, []
                 out = b"".join(chunks)
-                if loop.time() >= next_comment:
+                if self._comment_due:
+                    self._comment_due = False
                     out += KEEPALIVE
-                    next_comment = loop.time() + self.keepalive
+                    self._keepalive_timer = loop.call_later(self.keepalive, self._keepalive_due)
                 if self._ended is not None:
                     yield out + b": end (%s)\n\n" % self._ended.encode()
                     return
@@ -313,7 +314,13 @@ class EventStream:
                     window.sent()
                 self._top_up()
         finally:
+            if self._keepalive_timer is not None:
+                self._keepalive_timer.cancel()
             self._release()
+
+    def _keepalive_due(self) -> None:
+        self._comment_due = True
+        self._ready.set()
 
     def _top_up(self) -> None:
         """Keep the subscription's credit full: an event stream has no credit of its own."""

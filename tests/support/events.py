@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import socket
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -51,6 +52,7 @@ class EventStream:
     _raw: bytes = b""
     _eof: bool = False
     _last_id: str | None = None
+    _blocks: deque[str] = field(default_factory=deque)
 
     async def _more(self, timeout: float) -> bool:
         """Read more of the body into the text buffer; False at its end."""
@@ -90,16 +92,22 @@ class EventStream:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
-            while "\n\n" not in self._buffer:
-                left = deadline - loop.time()
-                if left <= 0:
-                    raise TimeoutError(f"no event within {timeout} s")
-                if not await self._more(left):
-                    return None
-            block, self._buffer = self._buffer.split("\n\n", 1)
-            event = self._parse(block)
-            if event is not None:
-                return event
+            if self._blocks:
+                event = self._parse(self._blocks.popleft())
+                if event is not None:
+                    return event
+                continue
+            if "\n\n" in self._buffer:
+                # Every complete block at once: splitting one at a time would
+                # copy the rest of a large buffer for each event.
+                *blocks, self._buffer = self._buffer.split("\n\n")
+                self._blocks.extend(blocks)
+                continue
+            left = deadline - loop.time()
+            if left <= 0:
+                raise TimeoutError(f"no event within {timeout} s")
+            if not await self._more(left):
+                return None
 
     def _parse(self, block: str) -> Event | None:
         name, data, has_data = "", [], False
