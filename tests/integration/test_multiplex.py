@@ -581,3 +581,27 @@ async def test_a_flood_of_bad_frames_gets_one_error_each_in_order(one: Deploymen
         await publish(d, topic, ["after the flood"])
         frame = json.loads(await asyncio.wait_for(ws.recv(), 10))
         assert frame["op"] == "messages" and frame["items"][0]["body"] == "after the flood"
+
+
+async def test_a_subscriber_socket_asks_presence_in_its_url(deployment: Deployment) -> None:
+    d = deployment
+    room = unique("room")
+    await d.configure(room, presence=True)
+    frank = mint("frank", [f"subscribe:{room}"])
+    async with await Socket.open(f"{d.sub.ws}/ws/topics/{room}/?presence=true", frank) as s:
+        first = await next_presence(s)
+        assert first["op"] == "presence" and members(first) in ([], [("frank", None)])
+        async with await Socket.open(f"{d.pub.ws}/ws/", d.token) as other:
+            assert (await other.request({"op": "subscribe", "topic": room}))["op"] == "subscribed"
+            joined = await next_presence(s)
+            assert joined["op"] == "join" and joined["user"] == "admin", joined
+        left = await next_presence(s)
+        assert left["op"] == "leave" and left["client"] == joined["client"], left
+    # A topic without presence refuses the parameter: invalid, closed with 4400.
+    plain = unique("plain")
+    async with await Socket.open(f"{d.sub.ws}/ws/topics/{plain}/?presence=true", d.token) as s:
+        refusal = await s.next()
+        assert (refusal["op"], refusal["code"]) == ("error", "invalid")
+        with pytest.raises(ConnectionError):
+            await s.next()
+        assert s.conn.close_code == 4400
