@@ -22,7 +22,7 @@ store keeps and the firing loop asks:
   ``t``;
 - :func:`due_tick`: the tick a process should fire now, if any (catch-up
   fires only the most recent: ticks missed while no gateway ran are not
-  replayed one by one).
+  replayed one by one; ticks a running process was late for are).
 """
 
 from __future__ import annotations
@@ -117,21 +117,46 @@ class TickRule:
         return None
 
 
-def due_tick(rule: TickRule, now: float, *, last_tick: float | None, since: float) -> float | None:
-    """The tick to fire at ``now``, or None: the most recent tick at or before
-    ``now``, if it is later than ``last_tick`` and not before ``since`` (when the
-    schedule was created, enabled or given a new rule: ticks before that are
-    not its own).
+def due_tick(
+    rule: TickRule,
+    now: float,
+    *,
+    last_tick: float | None,
+    since: float,
+    running_since: float | None = None,
+) -> float | None:
+    """The tick to fire at ``now``, or None.
 
-    After downtime this is the one most recent tick missed; the ticks before it
-    are skipped (protocol 1.2: Schedules).
+    Only ticks later than ``last_tick`` and not before ``since`` (when the
+    schedule was created, enabled or given a new rule: ticks before that are
+    not its own) count.
+
+    Without ``running_since`` this is the most recent such tick. With it (the
+    time the asking process's loop started), ticks are told apart by whether
+    a process ran when they passed:
+
+    - of the ticks before ``running_since`` (downtime, as far as this process
+      knows), only the most recent is fired: the ones before it are skipped
+      (protocol 1.2: Schedules);
+    - every tick from ``running_since`` on is fired, oldest first, one a call:
+      a loop that fell behind (a stalled or starved process) catches up tick
+      by tick instead of skipping the ones it was late for.
     """
     latest = rule.latest_at(now)
     if latest is None or latest < since:
         return None
     if last_tick is not None and latest <= last_tick:
         return None
-    return latest
+    if running_since is None or running_since >= latest:
+        return latest
+    before = rule.latest_at(running_since)
+    if before is not None and before >= since and (last_tick is None or before > last_tick):
+        return before  # the one catch-up tick for the time before this process ran
+    floor = since if last_tick is None else max(since, last_tick)
+    first = floor if last_tick is None and rule.latest_at(floor) == floor else None
+    if first is None:
+        first = rule.next_after(floor)
+    return first if first is not None and first <= latest else latest
 
 
 def parse_tick_rule(

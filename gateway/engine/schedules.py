@@ -2,8 +2,9 @@
 
 Every gateway process runs one :class:`Scheduler`; none leads. Each turn
 reads the enabled schedules, works out which have a tick due
-(``gateway.core.schedule_ticks.due_tick``: the most recent tick, later than
-the schedule's ``last_tick``) and fires those in one transaction
+(``gateway.core.schedule_ticks.due_tick``: the oldest tick later than the
+schedule's ``last_tick`` that passed while this process ran, or, for the time
+before it ran, only the most recent) and fires those in one transaction
 (``gateway.store.schedules.fire``), whose compare-and-set lets exactly one
 process enqueue each tick. Then it sleeps until the next tick of any
 schedule, at most :data:`REFRESH` seconds, so a schedule created or changed
@@ -107,6 +108,9 @@ class Scheduler:
         self._on_counted = on_counted
         self.block_wait = block_wait
         self._clock = clock
+        #: Ticks from here on passed while this process ran: each is fired,
+        #: even if the loop was late for it (only earlier ones are catch-up).
+        self.running_since = clock()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="leasecast-schedules")
         self._watches: dict[int, _Watch] = {}
         self._poke = asyncio.Event()
@@ -204,10 +208,19 @@ class Scheduler:
                 # Nothing changed, and its next tick has not come: not due.
                 result.next_at = _earliest(result.next_at, watch.next_tick)
                 continue
-            tick = due_tick(rule, now, last_tick=row.last_tick, since=row.active_since)
+            tick = due_tick(
+                rule,
+                now,
+                last_tick=row.last_tick,
+                since=row.active_since,
+                running_since=self.running_since,
+            )
+            next_tick = rule.next_after(now)
             if tick is not None:
                 due.append((row, tick))
-            next_tick = rule.next_after(now)
+                latest = rule.latest_at(now)
+                if latest is not None and tick < latest:
+                    next_tick = now  # behind: the next missed tick is due at once
             self._watches[row.id] = _Watch(rule, row.active_since, row.last_tick, next_tick)
             result.next_at = _earliest(result.next_at, next_tick)
         for gone in self._watches.keys() - seen:

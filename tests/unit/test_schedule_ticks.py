@@ -134,6 +134,37 @@ def test_catch_up_fires_only_the_most_recent_tick() -> None:
     assert due_tick(rule, clock(), last_tick=caught, since=since) is None
 
 
+def test_a_process_that_fell_behind_fires_every_tick_it_was_late_for() -> None:
+    # A running process's loop starved for 5 s of an every-1 s schedule: each
+    # of those ticks passed while a gateway ran, so each fires, oldest first
+    # (before, only the latest fired and four ticks were lost).
+    rule = parse_tick_rule(every=1, now=0)
+    started = at("2026-11-26T03:00:00.5+00:00")
+    last = at("2026-11-26T03:00:01+00:00")
+    now = last + 5.2
+    ticks = []
+    while (tick := due_tick(rule, now, last_tick=last, since=0, running_since=started)) is not None:
+        ticks.append(tick_label(tick))
+        last = tick
+    assert ticks == [f"2026-11-26T03:00:0{s}Z" for s in range(2, 7)]
+
+
+def test_ticks_before_the_process_ran_are_caught_up_once_then_each_after() -> None:
+    rule = parse_tick_rule(every=60, now=0)
+    last = at("2026-11-26T03:00:00+00:00")
+    started = at("2026-11-26T04:00:30+00:00")  # no process from 03:00 to 04:00:30
+    now = started + 140  # and this one was late for 04:01 and 04:02
+    ticks = []
+    while (tick := due_tick(rule, now, last_tick=last, since=0, running_since=started)) is not None:
+        ticks.append(tick_label(tick))
+        last = tick
+    assert ticks == ["2026-11-26T04:00:00Z", "2026-11-26T04:01:00Z", "2026-11-26T04:02:00Z"]
+    # A schedule created after the process started fires from its first tick on.
+    since = started + 10
+    first = due_tick(rule, now, last_tick=None, since=since, running_since=started)
+    assert first is not None and tick_label(first) == "2026-11-26T04:01:00Z"
+
+
 @pytest.mark.parametrize(
     ("fields", "detail"),
     [
