@@ -84,11 +84,17 @@ class Dialect:
         "AND visible_at > %s AND (expires_at IS NULL OR expires_at > %s)"
     )
 
-    def control(self, run: Run, queue_id: int) -> Sequence[Any] | None:
+    def control(self, run: Run, queue_id: int, *, wait: bool = True) -> Sequence[Any] | None:
         """A queue's ``paused, max_in_flight, rate_limit, rate_burst, rate_tokens,
         rate_refilled_at``, held for the rest of the transaction: no other
         transaction leases from the queue until this one ends, so the count of
-        leases in flight and the bucket it reads next stay true until its commit."""
+        leases in flight and the bucket it reads next stay true until its commit.
+
+        ``wait``: False to get None at once instead of waiting for another
+        transaction that holds the row (``gateway.store.leasing`` then tries
+        again shortly; it never waits for queues out of their id order, which
+        is what keeps two processes from deadlocking).
+        """
         row: Sequence[Any] | None = run(self._CONTROL, (queue_id,)).fetchone()
         return row
 
@@ -290,6 +296,12 @@ class _Postgres(Dialect):
     # take it, so they pay nothing. NO KEY UPDATE: enqueues and counters
     # (foreign keys to the row take KEY SHARE) do not wait for it.
     _CONTROL = Dialect._CONTROL + " FOR NO KEY UPDATE"
+    _CONTROL_NOWAIT = _CONTROL + " SKIP LOCKED"
+
+    def control(self, run: Run, queue_id: int, *, wait: bool = True) -> Sequence[Any] | None:
+        sql = self._CONTROL if wait else self._CONTROL_NOWAIT
+        row: Sequence[Any] | None = run(sql, (queue_id,)).fetchone()
+        return row
 
     _LEASE_TEMPLATE = """
         WITH ready AS (

@@ -11,6 +11,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Literal
 
 from gateway.core.errors import StaleReceipt
 from gateway.core.leases import (
@@ -57,6 +58,10 @@ LEASE_SECONDS_SUM = "lease_seconds_sum_ms"
 #: Seconds after which a pump waiting on a paused queue looks again, at least
 #: (a resume on this process, or by NOTIFY, wakes it sooner).
 PAUSED_RECHECK = 1.0
+#: Seconds after which a round that found a limited queue's row held by
+#: another transaction, and could not wait for it, tries again (rare: only a
+#: batch that already holds a later queue's row; see :func:`_allowance`).
+BUSY_RETRY = 0.05
 _STALE = "the receipt is not a current lease (acked, expired or redelivered)"
 #: A lease is current while its timeout and its message's ttl both lie ahead.
 _CURRENT = (
@@ -91,8 +96,11 @@ def lease(txn: Txn, op: Lease) -> LeaseResult:
     if controlled:
         wanted = op.n - len(result.delivered)
         limits = _allowance(txn, q, wanted)
-        if limits is None:  # paused: look again when the settings may have changed
+        if limits == "paused":  # look again when the settings may have changed
             result.next_due = now + max(PAUSED_RECHECK, txn.queues.ttl)
+            return result
+        if limits == "busy":  # another process is leasing from it right now
+            result.next_due = now + BUSY_RETRY
             return result
         before = len(result.delivered)
         _lease_into(txn, q, op, limits.n, result, guarded=False)
@@ -194,17 +202,24 @@ def _became_controlled(txn: Txn, q: QueueRow) -> bool:
     return q.settings.paused or q.settings.limited
 
 
-def _allowance(txn: Txn, q: QueueRow, wanted: int) -> Allowance | None:
-    """How many messages this round may lease under ``q``'s limits; None if paused.
+def _allowance(txn: Txn, q: QueueRow, wanted: int) -> Allowance | Literal["paused", "busy"]:
+    """How many messages this round may lease under ``q``'s limits; ``"paused"``;
+    or ``"busy"``: another transaction holds the queue and this one may not wait.
 
     Reads the queue's control row afresh (locked until the commit on
     PostgreSQL, ``Dialect.control``), so a resume or a new limit stored by any
     process counts here at once, and counts the queue's leases in flight after
     the lock, so every lease committed before it is seen.
     """
-    row = txn.dialect.control(txn.exec, q.id)
+    # Queue rows are locked in ascending id order within a transaction; one
+    # that would come out of order is not waited for (SKIP LOCKED), so two
+    # transactions can never each wait for the other's queue.
+    locked = txn.control_locked
+    wait = q.id in locked or all(other < q.id for other in locked)
+    row = txn.dialect.control(txn.exec, q.id, wait=wait)
     if row is None:
-        return Allowance(wanted, None, 0.0, False, txn.now)
+        return "busy" if not wait else Allowance(wanted, None, 0.0, False, txn.now)
+    locked.add(q.id)
     paused, max_in_flight, rate_limit, rate_burst, tokens, refilled_at = row
     # The fresh values replace the cached ones on this process.
     q.settings = replace(
@@ -217,7 +232,7 @@ def _allowance(txn: Txn, q: QueueRow, wanted: int) -> Allowance | None:
     txn.queues.note_control(q)
     settings = q.settings
     if settings.paused:
-        return None
+        return "paused"
     in_flight = 0
     if settings.max_in_flight > 0:
         in_flight = txn.dialect.in_flight(txn.exec, q.id, txn.now)

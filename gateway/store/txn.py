@@ -217,6 +217,8 @@ class Txn:
         #: queues whose expired messages this transaction has dead-lettered
         #: (its clock does not move, so once is enough)
         self.swept: set[int] = set()
+        #: queues whose control row this transaction holds (gateway.store.leasing)
+        self.control_locked: set[int] = set()
         #: this transaction's counter increments by (queue id, counter, label),
         #: written with one statement before the commit (:meth:`write_counts`)
         self.counts: dict[tuple[int, str, str], int] = {}

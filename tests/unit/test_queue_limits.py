@@ -18,7 +18,7 @@ import pytest
 from gateway.core.errors import Invalid, StaleReceipt
 from gateway.core.leases import QueueSettings, lease_seconds_bucket
 from gateway.core.queue_limits import LIMIT_RECHECK, Bucket, allowance
-from gateway.store import Ack, Configure, Enqueue, Nack, Reject, Stats, Store
+from gateway.store import Ack, Configure, Enqueue, Lease, LeaseResult, Nack, Reject, Stats, Store
 from tests.support.fakes import FakeClock
 from tests.support.store import bodies, enqueue, lease, msg, one
 
@@ -280,3 +280,46 @@ def test_a_lease_that_ends_wakes_the_workers_of_a_queue_at_its_limit_only(
     assert store.woken == {queue}
     store.run([Reject(b.receipt)])
     assert store.woken == {queue}
+
+
+def test_two_stores_leasing_two_limited_queues_in_opposite_orders_never_deadlock(
+    database: tuple[str, Any], store: Store, queue: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each batch leases from two limited queues; two stores (processes) list
+    them in opposite orders, at once, many times. Row locks taken in whatever
+    order the batch has would deadlock (PostgreSQL then aborts a batch after a
+    second and the store runs it again); the store never waits for a queue's
+    lock out of order, so no batch fails."""
+    import time
+
+    first, second = f"{queue}-1", f"{queue}-2"
+    for q in (first, second):
+        enqueue(store, q, *range(400))
+        configure(store, q, max_in_flight=1000)
+    stores = [Store(store._connect, store.dialect, clock=time.time) for _ in range(2)]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def work(s: Store, order: tuple[str, str]) -> None:
+        try:
+            for _ in range(60):
+                barrier.wait()
+                results = s.run([Lease(order[0], 2), Lease(order[1], 2)])
+                assert all(isinstance(r, LeaseResult) for r in results), results
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+            barrier.abort()
+        finally:
+            s.close()
+
+    caplog.set_level("WARNING", logger="leasecast.store")
+    threads = [
+        threading.Thread(target=work, args=(stores[0], (first, second))),
+        threading.Thread(target=work, args=(stores[1], (second, first))),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert not [r for r in caplog.records if "failed" in r.getMessage()], caplog.text[:2000]
