@@ -12,8 +12,9 @@ the store's lease round applies them and says when to look again
 a second later for a queue at its ``max_in_flight`` (a lease that ends on
 this process, or by ``NOTIFY`` on another, wakes the pump sooner), the
 settings TTL later (at least a second) for a paused one (a resume wakes it
-sooner the same ways). Apart from a token that accrues, a waiting worker
-costs at most a round a second.
+sooner the same ways). Apart from a token that accrues (and a 50 ms retry
+when another transaction holds a limited queue's row out of lock order), a
+waiting worker costs at most a round a second.
 """
 
 from __future__ import annotations
