@@ -42,6 +42,9 @@ def sse_gateway(
         "GATEWAY_REQUEST_HEAD_TIMEOUT": "1",
         "GATEWAY_ALLOWED_ORIGINS": ALLOWED_ORIGIN,
         "GATEWAY_SIGNING_KEY": TEST_SIGNING_KEY,
+        # Each token may hold this many sockets and streams at once (a test
+        # checks that a stream counts, and that a closed one is given back).
+        "GATEWAY_TOKEN_MAX_SOCKETS": "6",
     }
     process = GatewayProcess(env, var, name=f"sse-{gateway_server}", server=gateway_server)
     process.start()
@@ -379,3 +382,32 @@ async def _presence_event(stream: EventStream, kind: str, user: str) -> dict[str
         if event.event == kind and event.json()["user"] == user:
             data: dict[str, object] = event.json()
             return data
+
+
+async def test_a_stream_counts_as_one_of_its_token_sockets(
+    sse_gateway: GatewayProcess, token: str
+) -> None:
+    topic = unique("sse")
+    limited = sse_gateway.issue_token(f"subscribe:{topic}", name=unique("limited"))
+    streams = [await open_stream(sse_url(sse_gateway, topic), limited) for _ in range(6)]
+    try:
+        assert [s.status for s in streams] == [200] * 6
+        refused = await open_stream(sse_url(sse_gateway, topic), limited)
+        await refused.read_all()
+        await refused.close()
+        assert (refused.status, refused.json()["error"]) == (429, "backpressure"), refused.text
+        assert "GATEWAY_TOKEN_MAX_SOCKETS" in refused.json()["detail"]
+        # A stream that goes gives its place back.
+        await streams.pop().close()
+        for _ in range(100):
+            again = await open_stream(sse_url(sse_gateway, topic), limited)
+            if again.status == 200:
+                streams.append(again)
+                break
+            await again.close()
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("the closed stream's place was never given back")
+    finally:
+        for stream in streams:
+            await stream.close()
