@@ -217,6 +217,18 @@ class Traffic:
         return held
 
 
+def open_transactions(d: Deployment) -> list[tuple[str, float]]:
+    """gw1's sessions in a transaction on the database, as the database sees them:
+    (state, seconds since the transaction began)."""
+    rows = d.primary.query(
+        "SELECT state, extract(epoch FROM now() - xact_start)::float FROM pg_stat_activity "
+        "WHERE host(client_addr) = %s AND xact_start IS NOT NULL",
+        (d.gateways[0].host.address,),
+        database="leasecast",
+    )
+    return [(str(state), round(float(age), 1)) for state, age in rows]
+
+
 async def refused_socket(d: Deployment, index: int, token: str) -> tuple[dict[str, Any], int]:
     """Open a socket on gateway ``index`` with ``token``: its first frame and its close code."""
     s = await open_socket(d.client, f"{ws_of(d, index)}/ws/produce/", token, timeout=30)
@@ -254,6 +266,8 @@ async def test_a_gateway_cut_from_the_database_answers_unavailable_and_recovers(
             status, body = await request(
                 d.client, "GET", f"{d.gateways[0].http}/api/queues/{t.queue}", fresh
             )
+            # What the database still holds for the gateway it cannot hear from.
+            stranded = await asyncio.to_thread(open_transactions, d)
         assert cut.healed_at is not None
         healed = cut.healed_at
         # gw1 confirms again by itself, no restart.
@@ -279,7 +293,9 @@ async def test_a_gateway_cut_from_the_database_answers_unavailable_and_recovers(
         f"{since(detected, moment)} after the cut, confirmed again {since(recovered, healed)} "
         f"after the heal; gw1's answers during the cut {dict(during)}; gw2's "
         f"{dict(gw2.outcomes_between(moment, healed))}; gw1's worker held {len(held)} leases "
-        f"at the cut, {came_back} of them delivered again; {before} confirmed before the cut; "
+        f"at the cut, {came_back} of them delivered again; gw1's transactions the database "
+        f"still held {healed - moment:.1f} s into the cut: {stranded}; after the heal: "
+        f"{await asyncio.to_thread(open_transactions, d)}; {before} confirmed before the cut; "
         f"{t.summary()}"
     )
     t.check(counts)
