@@ -36,7 +36,6 @@ from gateway.core.protocol import (
     parse_enqueue_spec,
 )
 from gateway.core.scopes import Principal
-from gateway.engine.cancels import tell_holder
 from gateway.runtime import current_runtime
 from gateway.server.limits import max_request_bytes
 from gateway.store import (
@@ -411,7 +410,7 @@ async def message_cancel(
     engine = current_runtime().engine
     result = await engine.call(Cancel(queue, number))
     if result.receipt is not None:
-        tell_holder(engine.pumps, queue, str(number), result.receipt)
+        engine.cancels.tell(queue, str(number), result.receipt)
     await _audit(principal, queue, f"Cancelled message {number} (API): {result.cancelled} changed.")
     return _json({"cancelled": result.cancelled})
 

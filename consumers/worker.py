@@ -107,6 +107,11 @@ class WorkerSocket(GatewaySocket):
         return self._timeout
 
     def deliver(self, items: list[Delivered]) -> None:
+        cancels = self.engine.cancels
+        if len(cancels):
+            # Cancelled between the lease round's commit and now: not ours (the
+            # pump pokes after handing out, so the room is filled again).
+            items = [item for item in items if not cancels.claim(self.queue, item.receipt)]
         now = time.time()
         for item in items:
             self.leases.add(item.receipt, item.expires_at)

@@ -22,6 +22,7 @@ from django.db import connections
 
 from gateway.conf import gateway_settings
 from gateway.core.errors import Backpressure, ProtocolError, QueueFull
+from gateway.engine.cancels import CancelNotices
 from gateway.engine.committer import Callback, Committer
 from gateway.engine.pump import QueuePump, WorkerSink
 from gateway.store import (
@@ -119,6 +120,8 @@ class Engine:
         self.process = PROCESS_NAME
         self.listener: Any = None
         self.local_listener: Any = None
+        #: cancelled leases told to this process's sockets (protocol 1.2: Cancel)
+        self.cancels = CancelNotices(self.pumps)
 
     def close(self) -> None:
         """Stop the store thread and the wake-up listeners."""

@@ -31,7 +31,6 @@ from gateway.access.auth import RevocationWatch
 from gateway.conf import GatewaySettings, gateway_settings
 from gateway.core.ratelimit import TokenLimiter
 from gateway.engine import PROCESS_NAME, Engine, django_store
-from gateway.engine.cancels import tell_holder
 from gateway.engine.committer import Committer
 from gateway.engine.notify import start_listener, start_local_listener
 from gateway.engine.schedules import Scheduler
@@ -179,7 +178,7 @@ def _build_engine(
 
     # A cancelled lease may be held by a socket of this process (protocol 1.2: Cancel).
     def cancelled(queue: str, msg_id: str, receipt: str) -> None:
-        tell_holder(engine.pumps, queue, msg_id, receipt)
+        engine.cancels.tell(queue, msg_id, receipt)
 
     if connections["default"].vendor == "postgresql":
         engine.listener = start_listener(engine.wake_all, PROCESS_NAME, loop, cancelled)
