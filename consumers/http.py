@@ -36,6 +36,7 @@ from gateway.core.protocol import (
     parse_enqueue_spec,
 )
 from gateway.core.scopes import Principal
+from gateway.host.task_cancel import tell_cancelled_tasks
 from gateway.runtime import current_runtime
 from gateway.server.limits import max_request_bytes
 from gateway.store import (
@@ -411,6 +412,10 @@ async def message_cancel(
     result = await engine.call(Cancel(queue, number))
     if result.receipt is not None:
         engine.cancels.tell(queue, str(number), result.receipt)
+    elif result.cancelled:
+        # A task no worker had yet: its page hears FAILED now (a running
+        # one's worker publishes that itself).
+        await database_sync_to_async(tell_cancelled_tasks)([number])
     await _audit(principal, queue, f"Cancelled message {number} (API): {result.cancelled} changed.")
     return _json({"cancelled": result.cancelled})
 

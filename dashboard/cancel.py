@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from gateway.core.errors import NotFound
 from gateway.engine.notify import announce_cancelled
 from gateway.host.on_django import django_transaction
+from gateway.host.task_cancel import tell_cancelled_tasks
 from gateway.models import Message
 from gateway.store.operator import cancel_message
 
@@ -25,6 +26,7 @@ __all__ = ["cancel"]
 def cancel(messages: Iterable[Message], using: str = "default") -> int:
     """Cancel ``messages``; returns how many were cancelled (not dead already, not gone)."""
     cancelled = 0
+    waiting: list[int] = []  # cancelled before a worker had them: tasks told here
     with django_transaction(using) as txn:
         for message in messages:
             q = txn.queue(txn.queues.name_of(txn, message.queue_id), create=False)
@@ -36,4 +38,7 @@ def cancel(messages: Iterable[Message], using: str = "default") -> int:
             if outcome.receipt is not None:
                 # Sent when the admin's transaction commits, not before.
                 announce_cancelled(q.name, str(message.pk), outcome.receipt, using)
+            elif outcome.cancelled:
+                waiting.append(message.pk)
+        tell_cancelled_tasks(waiting, using=using)
     return cancelled

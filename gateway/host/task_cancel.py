@@ -17,6 +17,7 @@ result says FAILED all the same).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from urllib.parse import quote
 
 import orjson
@@ -31,7 +32,7 @@ from gateway.host.producer import _post
 from gateway.runtime import publish_from_thread
 from gateway.store.operator import cancel_message
 
-__all__ = ["cancel"]
+__all__ = ["cancel", "tell_cancelled_tasks"]
 
 log = logging.getLogger("leasecast.tasks")
 
@@ -75,6 +76,25 @@ def cancel(result_id: str, *, using: str = "default") -> bool:
             topic = task_topic(result_id)
             transaction.on_commit(lambda: _tell(topic, body), using=using)
     return bool(outcome.cancelled)
+
+
+def tell_cancelled_tasks(message_ids: Iterable[int], *, using: str = "default") -> None:
+    """Publish FAILED (``leasecast.errors.Cancelled``) on the task topic of every
+    task among ``message_ids``: messages a cancel by message id (the HTTP
+    endpoint, the admin, the dashboard) dead-lettered before any worker ran
+    them. A running one's worker publishes for itself. Inside a transaction
+    the topics are told when it commits; messages that are no task are skipped.
+    """
+    from gateway.models import TaskRecord
+
+    ids = [int(i) for i in message_ids]
+    if not ids:
+        return
+    rows = TaskRecord.objects.using(using).filter(message_id__in=ids).values_list("id", flat=True)
+    body = orjson.dumps(cancelled_update("the task was cancelled before it ran"))
+    for result_id in rows:
+        topic = task_topic(result_id)
+        transaction.on_commit(lambda topic=topic: _tell(topic, body), using=using)
 
 
 def _tell(topic: str, body: bytes) -> None:

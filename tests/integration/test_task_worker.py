@@ -539,6 +539,23 @@ def test_a_sync_task_that_ignores_its_cancel_is_abandoned_after_the_grace(
     release.touch()
 
 
+def test_a_waiting_task_cancelled_by_message_id_is_told_failed_on_its_topic(tw: Site) -> None:
+    """The queue's cancel (HTTP here; the admin and the dashboard use the same
+    rule) of a task no worker holds: its page hears FAILED, as after
+    ``gateway.tasks.cancel`` (before, only the result said so)."""
+    q = unique("tw")
+    result_id = tw.driver.enqueue("add", q, 1, 1)
+    status, page = http("GET", f"{tw.gateway.http}/api/queues/{q}/messages", tw.admin)
+    assert status == 200, page
+    (message,) = page["messages"]
+    url = f"{tw.gateway.http}/api/queues/{q}/messages/{message['id']}/cancel"
+    status, doc = http("POST", url, tw.admin)
+    assert (status, doc) == (200, {"cancelled": 1})
+    error = "leasecast.errors.Cancelled: the task was cancelled before it ran"
+    assert tw.topic_ends(result_id) == [{"status": "FAILED", "error": error}]
+    assert tw.driver.result(result_id)["status"] == "FAILED"
+
+
 def test_a_task_cancelled_before_it_runs_never_runs(tw: Site, tmp_path: Path) -> None:
     q = unique("tw")
     mark = str(tmp_path / "marks")
