@@ -72,6 +72,23 @@ def consumer_key(process: str, socket: dict[str, Any]) -> str:
     return f"{process}/{socket['id']}"
 
 
+def subscriptions_of(socket: dict[str, Any]) -> list[dict[str, Any]]:
+    """The topic subscriptions a described socket carries, each shaped as a
+    subscriber socket's description (``id``, ``topic``, ``client``, ``policy``,
+    rates): the socket itself for a subscriber socket, one per started topic
+    for a multiplexed ``/ws/`` socket (``id`` ``SOCKET:TOPIC``), none otherwise."""
+    kind = socket.get("kind")
+    if kind == "subscriber":
+        return [socket]
+    if kind != "multiplex":
+        return []
+    return [
+        {**sub, "id": f"{socket['id']}:{sub['topic']}", "client": socket.get("client")}
+        for sub in socket.get("topics", ())
+        if sub.get("state") != "starting"
+    ]
+
+
 def alerts(
     processes: list[dict[str, Any]], queues: Any, oldest_threshold: float
 ) -> list[dict[str, Any]]:
@@ -81,9 +98,7 @@ def alerts(
     """
     found: list[dict[str, Any]] = []
     for process in processes:
-        for socket in process.get("sockets", ()):
-            if socket.get("kind") != "subscriber":
-                continue
+        for socket in (s for each in process.get("sockets", ()) for s in subscriptions_of(each)):
             ratio = drop_ratio(socket)
             if ratio > DROP_ALERT:
                 found.append(
@@ -191,9 +206,9 @@ class RateHistory:
             for topic in process.get("topics", ()):
                 row = topics.setdefault(topic["name"], [0.0] * len(TOPIC_SERIES))
                 row[0] = max(row[0], float(topic.get("publish_rate") or 0.0))
-            for socket in process.get("sockets", ()):
-                if socket.get("kind") != "subscriber":
-                    continue
+            for socket in (
+                s for each in process.get("sockets", ()) for s in subscriptions_of(each)
+            ):
                 row = topics.setdefault(socket["topic"], [0.0] * len(TOPIC_SERIES))
                 row[1] += float(socket.get("rate") or 0.0)
                 row[2] += float(socket.get("drop_rate") or 0.0)

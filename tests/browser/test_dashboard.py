@@ -691,3 +691,37 @@ async def test_an_empty_dashboard_says_what_to_do_next(
     assert status == 200
     await hint.wait_for(state="hidden", timeout=5000)
     await page.close()
+
+
+async def test_a_multiplexed_socket_is_listed_by_its_topics(
+    browser: Any, site: GatewayProcess, token: str
+) -> None:
+    """A /ws/ socket shows its topics, its subscription count and their sums
+    (before, its row had no name and no figures)."""
+    prices, news = unique("prices"), unique("news")
+    async with await Socket.open(f"{site.ws}/ws/", token) as mux:
+        for i, topic in enumerate((prices, news)):
+            reply = await mux.request({"op": "subscribe", "topic": topic, "ref": f"s{i}"})
+            assert reply["op"] == "subscribed", reply
+        await ahttp(
+            "POST",
+            f"{site.http}/api/topics/{prices}/messages",
+            token,
+            {"messages": [{"body": i} for i in range(3)]},
+        )
+        page = await staff_page(browser, site, width=1280)
+        await page.select_option("#socket-kind", "multiplex")
+        row = page.locator("#sockets tbody tr[data-kind=multiplex]")
+        await row.wait_for(timeout=10_000)
+        assert await row.locator("td.name").inner_text() == f"{prices}, {news}"
+        await page.wait_for_function(
+            "() => /3 delivered/.test(document.querySelector("
+            "'#sockets tbody tr[data-kind=multiplex]').cells[7].textContent)",
+            timeout=10_000,
+        )
+        assert "2 subscriptions" in await row.locator("td").nth(6).inner_text()
+        if shots := os.environ.get("LEASECAST_SCREENSHOT_MUX"):
+            await page.locator("#sockets").screenshot(path=f"{shots}-1280.png")
+            await page.set_viewport_size({"width": 390, "height": 900})
+            await page.screenshot(path=f"{shots}-390.png", full_page=True)
+        await page.close()

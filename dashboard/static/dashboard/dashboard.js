@@ -599,11 +599,16 @@ function socketRows(snapshot) {
   for (const process of snapshot.processes) {
     for (const s of process.sockets) {
       if (kind ? s.kind !== kind : s.kind === "dashboard") continue;
-      const name = s.queue || s.topic || "";
+      // A multiplexed socket (/ws/) is named by its topics and counted as their sum.
+      const subs = s.kind === "multiplex" ? (s.topics || []).filter((t) => t.state !== "starting") : null;
+      const name = subs ? subs.map((t) => t.topic).join(", ") : s.queue || s.topic || "";
+      if (subs) {
+        for (const key of ["delivered", "dropped", "rate", "drop_rate"]) s[key] = subs.reduce((n, t) => n + (t[key] || 0), 0);
+      }
       if (filter && ![name, s.client, s.principal || ""].some((v) => String(v).toLowerCase().includes(filter))) continue;
       s.process = process.name;  // the frame's own objects: no copy of 1,000 sockets
       s.name = name;
-      s.ratio = s.kind === "subscriber" ? s.drop_rate / ((s.rate + s.drop_rate) || 1) : 0;
+      s.ratio = s.kind === "subscriber" || subs ? s.drop_rate / ((s.rate + s.drop_rate) || 1) : 0;
       rows.push(s);
     }
   }
@@ -640,6 +645,13 @@ function renderSockets(snapshot) {
         moved = `${num(s.acked)} acked, ${num(s.nacked)} nacked, ${num(s.redelivered || 0)} redelivered`;
       } else if (s.kind === "subscriber") {
         stateText = `${s.policy}, prio ${s.priority}, buffer ${num(s.buffered)}/${num(s.capacity)}, credit ${num(s.credit)}`;
+        moved = `${num(s.delivered)} delivered`;
+        dropped = `${num(s.dropped)} (${rate(s.drop_rate)}/s)`;
+        perSecond = rate(s.rate);
+        const lifetime = s.delivered + s.dropped;
+        hot = s.ratio > 0.01 || (lifetime > 0 && s.dropped / lifetime > 0.01);
+      } else if (s.kind === "multiplex") {
+        stateText = `${num(s.subscriptions)} subscriptions`;
         moved = `${num(s.delivered)} delivered`;
         dropped = `${num(s.dropped)} (${rate(s.drop_rate)}/s)`;
         perSecond = rate(s.rate);
