@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -55,6 +56,7 @@ from gateway.core.fanout import MAX_CREDIT
 from gateway.core.protocol import check_name
 from gateway.core.scopes import Principal
 from gateway.core.subscribe import SubscribeOptions, options_from_query
+from gateway.core.wire import CloseCode
 from gateway.runtime import Runtime, current_runtime
 from gateway.server.transport import SocketWindow, TransportFlow, transport_flow
 from gateway.topics.subscription import TopicSubscription
@@ -69,6 +71,15 @@ MAX_KEEPALIVE = 15.0
 #: writes them with the first body bytes) and a page's ``onopen`` fires.
 OPENING = b": leasecast event stream\n\n"
 KEEPALIVE = b": keep-alive\n\n"
+#: Stream ids, counted apart from the sockets' (which count from 1), so that
+#: ``/api/stats`` and the dashboard can name either kind by id in one process.
+_stream_ids = itertools.count(1 << 40)
+#: Why a stream ends when it is closed like a socket (its last comment).
+_CLOSE_REASONS: dict[int, str] = {
+    CloseCode.GOING_AWAY: "shutdown",
+    CloseCode.DISCONNECTED_BY_OPERATOR: "disconnected by an operator",
+}
+
 #: The epoch a malformed ``Last-Event-ID`` resumes from: never a topic's (they
 #: are hex), so the stream starts at the head, told ``recovered: false``.
 NO_EPOCH = "-"
@@ -111,6 +122,7 @@ class EventStream:
             an event stream has none, the stream keeps it topped up).
         flow: the daphne request's transport flow, or None (uvicorn).
         keepalive: seconds between keep-alive comments.
+        client: the reader's address (``host:port``), for the stats.
     """
 
     kind = "sse"
@@ -124,6 +136,7 @@ class EventStream:
         options: SubscribeOptions,
         flow: TransportFlow | None,
         keepalive: float,
+        client: str = "",
     ) -> None:
         self.runtime = runtime
         self.principal = principal
@@ -150,6 +163,11 @@ class EventStream:
         self._watched_token: int | None = None
         self._keepalive_timer: asyncio.TimerHandle | None = None
         self._comment_due = False
+        #: as a socket's: this stream's id in ``/api/stats`` and the dashboard
+        self.sid = next(_stream_ids)
+        self.connected_at = time.time()
+        self.client = client
+        self._listed = False
         #: chunks queued and the transport's room: the stream's writability
         self.window = SocketWindow(self._writable_changed)
         if flow is not None:
@@ -179,6 +197,10 @@ class EventStream:
             sub.set_writable(False)
         self.runtime.metrics.registry.socket_opened(self.kind)
         self._counted = True
+        # Listed with the process's sockets: /api/stats and the dashboard show
+        # it (an operator may disconnect it), and a shutdown closes it.
+        self.runtime.engine.sockets.add(self)
+        self._listed = True
         principal = self.principal
         if principal.expires_at is not None:
             delay = max(0.0, principal.expires_at - time.time()) + 0.05
@@ -203,6 +225,8 @@ class EventStream:
             return
         self._closed = True
         self.subscription.close()
+        if self._listed:
+            self.runtime.engine.sockets.discard(self)
         if self._counted:
             self.runtime.metrics.registry.socket_closed(self.kind)
         self.runtime.limiter.close_socket(limit_key(self.principal))
@@ -218,6 +242,22 @@ class EventStream:
         if self._ended is None:
             self._ended = reason
             self._ready.set()
+
+    def push_close(self, code: int) -> None:
+        """What closes a socket ends a stream: a shutdown (1001), an operator (4000)."""
+        self.end(_CLOSE_REASONS.get(code, f"closed ({int(code)})"))
+
+    def describe(self) -> dict[str, Any]:
+        """This stream's live state, as a socket's, for ``/api/stats`` and the dashboard."""
+        return {
+            "id": self.sid,
+            "process": self.runtime.engine.process,
+            "kind": self.kind,
+            "client": self.client,
+            "principal": self.principal.name,
+            "connected_at": self.connected_at,
+            **self.subscription.describe(),
+        }
 
     # -- what the subscription calls (its SubscriptionSink), and the revocation watch
 
@@ -329,6 +369,12 @@ class EventStream:
             self.subscription.grant(MAX_CREDIT - state.credit)
 
 
+def _client_of(request: HttpRequest) -> str:
+    """``host:port`` of the reader, as a socket's ``client`` reads."""
+    client = getattr(request, "scope", {}).get("client") or ("", 0)
+    return f"{client[0]}:{client[1]}"
+
+
 def _event(name: str, data: Any) -> bytes:
     return b"event: %s\ndata: %s\n\n" % (name.encode(), orjson.dumps(data))
 
@@ -418,6 +464,7 @@ async def topic_events(request: HttpRequest, topic: str) -> HttpResponseBase:
         options=options,
         flow=flow,
         keepalive=min(MAX_KEEPALIVE, max(0.05, gateway_settings().sse_keepalive)),
+        client=_client_of(request),
     )
     try:
         await stream.prepare()

@@ -15,6 +15,9 @@ should instead look like this, which :class:`DrainingServer` does:
    so each consumer runs its normal disconnect: a worker's leases are
    released in the next group commit (its messages go to other workers at
    once), a subscriber leaves its topics.
+   Every server-sent event stream (``/sse/``) is ended the same way: its
+   response finishes, its connection closes, and the client's
+   ``EventSource`` reconnects elsewhere.
 3. **Wait** until every application instance has finished (HTTP requests in
    flight get their replies), at most ``GATEWAY_SHUTDOWN_GRACE`` seconds
    (default 30), then stop the reactor as daphne would. Whatever is still
@@ -39,11 +42,13 @@ from typing import Any
 
 from autobahn.websocket.protocol import WebSocketProtocol as AutobahnProtocol
 from daphne import server as daphne_server
+from daphne.http_protocol import WebRequest
 from daphne.ws_protocol import WebSocketProtocol
 from twisted.internet import reactor as _reactor
 
 from gateway.core.wire import CloseCode
 from gateway.server.options import shutdown_grace
+from gateway.server.transport import STREAM_PREFIXES
 
 logger = logging.getLogger("leasecast.shutdown")
 # Twisted's global reactor (daphne's asyncio reactor), untyped: its interface
@@ -90,12 +95,15 @@ class DrainingServer(daphne_server.Server):  # type: ignore[misc]
         for port in self._ports:
             port.stopListening()
         closed = self._close_open_sockets()
+        ended = self._end_event_streams()
         logger.info(
             "SIGTERM: stopped accepting, closed %d WebSockets with %d, waiting up to %gs",
             closed,
             CloseCode.GOING_AWAY.value,
             self.grace,
         )
+        if ended:
+            logger.info("SIGTERM: ended %d event streams", ended)
         self._wait()
 
     def _close_open_sockets(self) -> int:
@@ -116,6 +124,32 @@ class DrainingServer(daphne_server.Server):  # type: ignore[misc]
                 closed += 1
         return closed
 
+    def _end_event_streams(self) -> int:
+        """End every event stream's response (``/sse/``); how many were ended.
+
+        A stream would otherwise run until the grace is over. Its response
+        ends cleanly (the client's ``EventSource`` reconnects, through the
+        balancer, to another process, resuming with ``Last-Event-ID``),
+        daphne hands the application its ``http.disconnect`` (the stream
+        leaves its topic), and the connection closes, so the client cannot
+        send its next request on it to this draining process.
+        """
+        ended = 0
+        for protocol in list(self.connections):
+            if not isinstance(protocol, WebRequest) or protocol.finished:
+                continue
+            if not getattr(protocol, "_response_started", False):
+                continue  # its answer is still coming: waited for, as any request's
+            path = protocol.path.decode("latin-1") if isinstance(protocol.path, bytes) else ""
+            if not path.startswith(STREAM_PREFIXES):
+                continue
+            channel = protocol.channel
+            protocol.finish()
+            if channel is not None:
+                channel.loseConnection()
+            ended += 1
+        return ended
+
     def _running(self) -> int:
         return sum(
             1
@@ -126,8 +160,10 @@ class DrainingServer(daphne_server.Server):  # type: ignore[misc]
 
     def _wait(self) -> None:
         # A handshake that was under way when the listening sockets closed
-        # completes during the drain: that socket is closed too.
+        # completes during the drain: that socket is closed too (and a stream
+        # that started meanwhile is ended).
         self._close_open_sockets()
+        self._end_event_streams()
         running = self._running()
         if running == 0 or time.monotonic() >= self._deadline:
             if running:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.clients import ahttp, unique
+from tests.support.clients import Socket, ahttp, unique
 from tests.support.events import EventStream, open_stream
 from tests.support.gateways import GatewayProcess, both_servers
 from tests.support.tokens import TEST_SIGNING_KEY, mint
@@ -411,3 +411,42 @@ async def test_a_stream_counts_as_one_of_its_token_sockets(
     finally:
         for stream in streams:
             await stream.close()
+
+
+async def test_a_stream_is_listed_with_the_sockets_and_an_operator_may_end_it(
+    sse_gateway: GatewayProcess, token: str
+) -> None:
+    topic = unique("sse")
+    stream = await open_stream(sse_url(sse_gateway, topic, "capacity=50"), token)
+    try:
+        status, stats = await ahttp("GET", f"{sse_gateway.http}/api/stats", token)
+        assert status == 200
+        (listed,) = [s for s in stats["sockets"] if s.get("topic") == topic]
+        assert listed["kind"] == "sse" and listed["capacity"] == 50
+        assert listed["principal"] == "sse-admin"
+        async with await Socket.open(f"{sse_gateway.ws}/ws/dashboard/", token) as dashboard:
+            reply = await dashboard.request(
+                {"op": "disconnect", "process": listed["process"], "socket": listed["id"]}
+            )
+            assert reply["op"] == "disconnected", reply
+        assert await stream.ended(timeout=10) == []
+        assert "end (disconnected by an operator)" in stream.comments
+        status, stats = await ahttp("GET", f"{sse_gateway.http}/api/stats", token)
+        assert not [s for s in stats["sockets"] if s.get("topic") == topic]
+    finally:
+        await stream.close()
+
+
+async def test_a_stopping_gateway_ends_its_streams_at_once(
+    own_gateway: GatewayProcess,
+) -> None:
+    token = own_gateway.issue_token("admin", name=unique("stopping"))
+    stream = await open_stream(sse_url(own_gateway, unique("sse")), token)
+    assert stream.status == 200
+    assert own_gateway.proc is not None
+    own_gateway.proc.terminate()
+    # Well before GATEWAY_SHUTDOWN_GRACE (30 s), which an open stream used to
+    # hold the process for: the stream ends, and the process exits.
+    assert await stream.ended(timeout=15) == []
+    await stream.close()
+    assert await asyncio.to_thread(own_gateway.proc.wait, 15) is not None
