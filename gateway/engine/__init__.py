@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import logging
 import os
 import socket
 import sqlite3
@@ -60,6 +61,25 @@ _COUNTED_OPS = (Enqueue, Ack, CommitTxn)
 #: This process's name: host and pid (labels it in stats; signs its NOTIFYs).
 PROCESS_NAME = f"{socket.gethostname()}:{os.getpid()}"
 
+#: Server-side settings of the store's PostgreSQL sessions: how soon the
+#: database gives up on a gateway it cannot hear from. A partition between a
+#: gateway and the database (tests/cluster/test_partitions.py) left the
+#: gateway's session "idle in transaction" on the server for as long as the
+#: cut lasted (the server's keepalives start after two hours by default),
+#: holding the row locks of the batch it was running, so other processes
+#: skipped those messages (``SKIP LOCKED``) until the network healed. With
+#: these the server drops the session, and so its transaction, within
+#: seconds. The gateway's own side has the same bounds (DATABASE_URL's
+#: libpq parameters, gateway.site.database_url).
+SERVER_NETWORK_SETTINGS = (
+    ("tcp_keepalives_idle", "2"),
+    ("tcp_keepalives_interval", "1"),
+    ("tcp_keepalives_count", "3"),
+    ("tcp_user_timeout", "5000"),  # milliseconds; PostgreSQL 12 and later
+)
+
+log = logging.getLogger("leasecast.store")
+
 
 def django_store() -> Store:
     """A :class:`Store` on a connection of its own to Django's default database."""
@@ -81,6 +101,7 @@ def django_store() -> Store:
             raw.isolation_level = None  # we issue BEGIN IMMEDIATE / COMMIT ourselves
         else:
             raw.autocommit = True
+            _bound_server_waits(raw)
         return raw
 
     vendor = connections["default"].vendor
@@ -95,6 +116,16 @@ def django_store() -> Store:
         settings_ttl=conf.queue_settings_ttl,
         announce_as=PROCESS_NAME,
     )
+
+
+def _bound_server_waits(conn: Any) -> None:
+    """Apply :data:`SERVER_NETWORK_SETTINGS` to a new PostgreSQL session (autocommit);
+    one the server does not know (an older version) is skipped, and said so."""
+    for name, value in SERVER_NETWORK_SETTINGS:
+        try:
+            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+        except Exception as exc:
+            log.warning("the database refused %s = %s (%s); going on without it", name, value, exc)
 
 
 class Engine:

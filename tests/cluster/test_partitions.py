@@ -105,6 +105,8 @@ class Traffic:
     stop_probing: asyncio.Event = field(default_factory=asyncio.Event)
     #: set: the workers named in ``frozen`` ack nothing more (see ``load.worker``)
     freeze: asyncio.Event = field(default_factory=asyncio.Event)
+    #: set: the frozen workers leave (dropping their sockets)
+    thaw: asyncio.Event = field(default_factory=asyncio.Event)
 
     @classmethod
     def start(
@@ -129,7 +131,7 @@ class Traffic:
                     d,
                     queue,
                     t.ledger,
-                    t.stop_consuming,
+                    t.thaw if name in frozen else t.stop_consuming,
                     visibility_timeout=VISIBILITY,
                     via=via,
                     name=name,
@@ -157,6 +159,7 @@ class Traffic:
         empty: a lease lost in the fault comes back after its visibility
         timeout), stop everything; the queue's last counts."""
         self.stop_producing.set()
+        self.thaw.set()
         await asyncio.wait_for(asyncio.gather(*self.producers), 60)
         deadline = time.monotonic() + 60
         counts: dict[str, int] = {}
@@ -177,7 +180,7 @@ class Traffic:
 
     async def stop(self) -> None:
         """Stop every client (idempotent)."""
-        for event in (self.stop_producing, self.stop_consuming, self.stop_probing):
+        for event in (self.stop_producing, self.stop_consuming, self.stop_probing, self.thaw):
             event.set()
         tasks = [*self.producers, *self.workers, *self.probing]
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 90)
@@ -252,24 +255,69 @@ async def test_a_gateway_cut_from_the_database_answers_unavailable_and_recovers(
     d = module_hosts
     # A token gw1 has not seen yet: it must ask the database to check it.
     fresh = await asyncio.to_thread(d.gateways[0].issue_token, "admin", name=unique("fresh"))
-    t = Traffic.start(d, unique("cutdb"), workers={"gw1": ws_of(d, 0), "lb": None})
+    # Worker "held", on gw1, stops acking just before the cut: the leases it
+    # holds then can be neither acked nor released while gw1 cannot reach the
+    # database, and must go to worker gw2 when their visibility timeout passes.
+    workers = {"gw1": ws_of(d, 0), "held": ws_of(d, 0), "gw2": ws_of(d, 1)}
+    t = Traffic.start(d, unique("cutdb"), workers=workers, frozen=("held",))
     try:
         await t.confirmed(150)
+        t.freeze.set()
+        await wait_until(lambda: t.unacked("held"), "worker 'held' holding a lease")
         before = len(t.ledger.confirmed)
         with partitioned([d.gateways[0].host], [d.primary.host]) as cut:
             assert cut.cut_at is not None
             moment = cut.cut_at
-            await hold(cut, lambda: t.probes[0].first("unavailable", moment) is not None)
+            held = t.unacked("held")
+            # gw1's transactions as the database sees them, through the cut.
+            seen: list[tuple[float, list[tuple[str, float]]]] = []
+
+            async def watch_transactions() -> None:
+                while True:
+                    seen.append((time.time(), await asyncio.to_thread(open_transactions, d)))
+                    await asyncio.sleep(0.25)
+
+            watching = asyncio.create_task(watch_transactions())
+
+            def on_gw2() -> dict[tuple[str, int], float]:
+                """When each held lease was delivered to worker gw2 (with a higher count)."""
+                found: dict[tuple[str, int], float] = {}
+                for who, mid, count, at in t.ledger.deliveries:
+                    for lease in held:
+                        if who == "gw2" and mid == lease[0] and count > lease[1]:
+                            found.setdefault(lease, at)
+                return found
+
+            await hold(
+                cut,
+                lambda: (
+                    t.probes[0].first("unavailable", moment) is not None
+                    and len(on_gw2()) == len(held)
+                ),
+            )
             # The token cannot be checked: a socket is told so and closed with 4503
             # (retry), an HTTP request answered 503 (before: HTTP 500 and a traceback).
             frame, code = await refused_socket(d, 0, fresh)
             status, body = await request(
                 d.client, "GET", f"{d.gateways[0].http}/api/queues/{t.queue}", fresh
             )
-            # What the database still holds for the gateway it cannot hear from.
-            stranded = await asyncio.to_thread(open_transactions, d)
+            taken_over = on_gw2()
+
+            # The database gives up gw1's session by itself, and with it the
+            # transaction the cut interrupted and its row locks (before: held
+            # for as long as the cut lasted).
+            async def released() -> bool:
+                return not await asyncio.to_thread(open_transactions, d)
+
+            await wait_until(released, "the database dropping gw1's open transactions")
+            watching.cancel()
+            # Whether the cut caught gw1 in the middle of a batch's transaction, and
+            # when the database let it go.
+            stranded = seen[0][1] if seen else []
+            released_at = min((at for at, rows in seen if not rows), default=time.time())
         assert cut.healed_at is not None
         healed = cut.healed_at
+        t.thaw.set()  # the frozen worker leaves
         # gw1 confirms again by itself, no restart.
         await wait_until(
             lambda: t.probes[0].first("enqueued", healed) is not None, "gw1 confirming again"
@@ -283,19 +331,15 @@ async def test_a_gateway_cut_from_the_database_answers_unavailable_and_recovers(
     detected = gw1.first("unavailable", moment)
     recovered = gw1.first("enqueued", healed)
     during = gw1.outcomes_between(moment, healed)
-    held = t.taken_back("gw1", moment)
-    # Each came back (to either worker) with one more delivery, or its ack was
-    # applied though its answer was lost with the connection (the queue ends empty).
-    again = {(mid, count) for _, mid, count, _ in t.ledger.deliveries}
-    came_back = sum((mid, count + 1) in again for mid, count in held)
     print(
         f"\nPARTITION gw1|db: cut {healed - moment:.1f} s; gw1 answered 'unavailable' from "
         f"{since(detected, moment)} after the cut, confirmed again {since(recovered, healed)} "
         f"after the heal; gw1's answers during the cut {dict(during)}; gw2's "
-        f"{dict(gw2.outcomes_between(moment, healed))}; gw1's worker held {len(held)} leases "
-        f"at the cut, {came_back} of them delivered again; gw1's transactions the database "
-        f"still held {healed - moment:.1f} s into the cut: {stranded}; after the heal: "
-        f"{await asyncio.to_thread(open_transactions, d)}; {before} confirmed before the cut; "
+        f"{dict(gw2.outcomes_between(moment, healed))}; worker 'held' on gw1 held {len(held)} "
+        f"leases at the cut, delivered to worker gw2 "
+        f"{[since(at, moment) for at in sorted(taken_over.values())]} after the cut; gw1's "
+        f"transactions open on the database at the cut: {stranded}, none from "
+        f"{since(released_at, moment)} on; {before} confirmed before the cut; "
         f"{t.summary()}"
     )
     t.check(counts)
@@ -305,6 +349,8 @@ async def test_a_gateway_cut_from_the_database_answers_unavailable_and_recovers(
     assert detected is not None, f"gw1 never answered 'unavailable' during the cut: {dict(during)}"
     assert set(during) <= {"enqueued", "unavailable"}, during
     assert set(gw2.outcomes_between(moment, healed)) == {"enqueued"}
+    # The leases the cut gateway held came back, during the cut, on the other.
+    assert held and set(taken_over) == set(held), (held, taken_over)
     no_traceback(d)
 
 

@@ -68,3 +68,25 @@ def test_a_lost_database_answers_every_op_of_the_batch_after_one_connection_atte
         assert sorted(bodies(lease(store, queue))) == ['"after"', '"before"']
     finally:
         store.close()
+
+
+def test_the_store_session_tells_the_server_to_give_up_on_a_silent_gateway() -> None:
+    """The server side of the partition: the store's PostgreSQL sessions carry TCP
+    keepalives and a user timeout, so the database drops a session (and the open
+    transaction it was cut in, with its row locks) within seconds, not hours."""
+    import psycopg
+    import pytest
+
+    from gateway.engine import SERVER_NETWORK_SETTINGS, _bound_server_waits
+    from tests.support.databases import PG_ADMIN_URL, postgres_unavailable
+
+    reason = postgres_unavailable()
+    if reason:
+        pytest.skip(reason)
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        _bound_server_waits(conn)
+        for name, value in SERVER_NETWORK_SETTINGS:
+            shown = conn.execute(f"SHOW {name}").fetchone()
+            assert shown is not None
+            # SHOW adds units: 2 -> "2", 5000 -> "5s".
+            assert shown[0] in (value, f"{int(value) // 1000}s"), (name, shown)
