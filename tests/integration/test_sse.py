@@ -264,6 +264,14 @@ async def test_refusals_are_json(sse_gateway: GatewayProcess, token: str) -> Non
             assert stream.json()["detail"]
         finally:
             await stream.close()
+    # A body over the request limit (GATEWAY_MAX_REQUEST_BYTES) is refused as
+    # it is announced, before authentication, as for any request.
+    stream = await open_stream(
+        sse_url(sse_gateway, topic), token, headers={"Content-Length": str(1 << 30)}
+    )
+    await stream.read_all()
+    assert (stream.status, stream.json()["error"]) == (413, "too_large")
+    await stream.close()
     # A topic name the gateway refuses (too long): 400 as well.
     stream = await open_stream(sse_url(sse_gateway, "t" * 300), token)
     await stream.read_all()
