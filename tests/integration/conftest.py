@@ -13,23 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.databases import postgres_database, postgres_unavailable, sqlite_database
+from tests.support.databases import (
+    database,
+    postgres_database,
+    postgres_unavailable,
+)
 from tests.support.gateways import GatewayProcess, default_server
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def database_env(request: pytest.FixtureRequest) -> Iterator[tuple[dict[str, str], Path]]:
     """A migrated database of each kind, and the var/ directory of its gateway."""
-    var = Path(tempfile.mkdtemp(prefix=f"leasecast-{request.param}-"))
-    if request.param == "sqlite":
-        with sqlite_database(var) as env:
-            yield env, var
-    else:
-        reason = postgres_unavailable()
-        if reason:
-            pytest.skip(reason)
-        with postgres_database(var) as env:
-            yield env, var
+    with database(request.param) as found:
+        yield found
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,6 @@ default) and on PostgreSQL (``DATABASE_URL``).
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import tempfile
 import urllib.error
 import urllib.request
@@ -25,45 +23,8 @@ from typing import Any
 import pytest
 
 from tests.support.clients import Socket, ahttp, http
-from tests.support.databases import ROOT, postgres_database, postgres_unavailable, sqlite_database
-from tests.support.gateways import DAPHNE, GatewayProcess
-
-SHOP = ROOT / "examples" / "shop"
-
-
-class ShopProcess(GatewayProcess):
-    """daphne serving ``shop.asgi:application`` (with Leasecast's daphne defaults)."""
-
-    def command(self) -> list[str]:
-        return [*DAPHNE, "-b", "127.0.0.1", "-p", str(self.port), "shop.asgi:application"]
-
-    def manage(self, *args: str) -> str:
-        """The shop's own ``manage.py``."""
-        done = subprocess.run(
-            [sys.executable, str(SHOP / "manage.py"), *args],
-            cwd=SHOP,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}")
-        return done.stdout
-
-
-def shop_env(env: dict[str, str]) -> dict[str, str]:
-    """The shop's environment on the database of ``env`` (a migrated Leasecast database)."""
-    shop = {
-        k: v
-        for k, v in env.items()
-        if not k.startswith("GATEWAY_") and k not in ("DJANGO_SETTINGS_MODULE",)
-    }
-    shop["DJANGO_SETTINGS_MODULE"] = "shop.settings"
-    shop["PYTHONPATH"] = f"{SHOP}:{ROOT}"
-    if "DATABASE_URL" not in env:
-        shop["DATABASE_URL"] = f"sqlite:///{env['GATEWAY_SQLITE_PATH']}"
-    return shop
+from tests.support.databases import postgres_database, postgres_unavailable, sqlite_database
+from tests.support.shop import ShopProcess, shop_env
 
 
 @pytest.fixture(

@@ -17,7 +17,6 @@ import asyncio
 import importlib.util
 import json
 import math
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -29,7 +28,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from tests.support.clients import ahttp, unique
-from tests.support.databases import postgres_database, postgres_unavailable, sqlite_database
+from tests.support.databases import database, sqlite_database
 from tests.support.gateways import GatewayProcess
 from tests.support.waiting import wait_until
 
@@ -148,16 +147,8 @@ async def test_schedule_documents_and_bad_input(gateway: GatewayProcess, admin_t
 @pytest.fixture(params=["sqlite", "postgres"])
 def fresh_env(request: pytest.FixtureRequest) -> Iterator[tuple[dict[str, str], Path]]:
     """A database of the test's own: no other gateway fires its schedules."""
-    var = Path(tempfile.mkdtemp(prefix=f"leasecast-sched-{request.param}-"))
-    if request.param == "sqlite":
-        with sqlite_database(var) as env:
-            yield env, var
-    else:
-        reason = postgres_unavailable()
-        if reason:
-            pytest.skip(reason)
-        with postgres_database(var) as env:
-            yield env, var
+    with database(request.param, "leasecast-sched-") as found:
+        yield found
 
 
 @pytest.mark.serial

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ __all__ = [
     "REDIS_URL",
     "ROOT",
     "base_env",
+    "database",
     "manage",
     "postgres_database",
     "postgres_unavailable",
@@ -93,6 +95,24 @@ def postgres_database(var_dir: Path) -> Iterator[dict[str, str]]:
     finally:
         with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextmanager
+def database(kind: str, prefix: str = "leasecast-") -> Iterator[tuple[dict[str, str], Path]]:
+    """A migrated database of ``kind`` ("sqlite" or "postgres") and a fresh var/
+    directory for its gateway; skips the test, saying why, if PostgreSQL is away."""
+    import pytest
+
+    var = Path(tempfile.mkdtemp(prefix=f"{prefix}{kind}-"))
+    if kind == "sqlite":
+        with sqlite_database(var) as env:
+            yield env, var
+        return
+    reason = postgres_unavailable()
+    if reason:
+        pytest.skip(reason)
+    with postgres_database(var) as env:
+        yield env, var
 
 
 def redis_unavailable(url: str = REDIS_URL) -> str | None:
