@@ -28,6 +28,16 @@ ALLOWED_ORIGIN = "http://app.example.test"
 BIG = "x" * 16_000
 
 
+def overflowing() -> int:
+    """How many ``BIG`` messages surely overflow the kernel's send buffer (its
+    largest autotuned size, ``tcp_wmem``) and the server's, with room to spare."""
+    try:
+        largest = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
+    except (OSError, ValueError, IndexError):
+        largest = 4 << 20
+    return max(600, (largest + (4 << 20)) // len(BIG))
+
+
 @pytest.fixture(scope="module")
 def sse_gateway(
     database_env: tuple[dict[str, str], Path], gateway_server: str
@@ -187,7 +197,7 @@ async def test_a_client_that_stops_reading_fills_its_buffer_and_drop_oldest_appl
         sse_url(sse_gateway, topic, "capacity=8&on_full=drop_oldest"), token, receive_buffer=4096
     )
     try:
-        total = 600  # ~9.6 MB: far more than the kernel and server buffers hold
+        total = overflowing()  # far more than the kernel and server buffers hold
         # Batches smaller than the buffer: a reader keeping up would drop nothing.
         bodies: list[object] = [{"n": i, "pad": BIG} for i in range(total)]
         await publish(sse_gateway, token, topic, bodies, batch_size=4)
@@ -218,7 +228,7 @@ async def test_block_ends_a_stalled_stream_after_the_block_wait(
         sse_url(sse_gateway, topic, "capacity=4&on_full=block"), token, receive_buffer=4096
     )
     try:
-        total = 600
+        total = overflowing()
         # The publishes wait for the stalled stream up to the block wait (1 s),
         # then it is ended and they go on.
         await asyncio.wait_for(
