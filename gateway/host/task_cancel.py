@@ -16,6 +16,7 @@ result says FAILED all the same).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable
 from urllib.parse import quote
@@ -94,7 +95,7 @@ def tell_cancelled_tasks(message_ids: Iterable[int], *, using: str = "default") 
     body = orjson.dumps(cancelled_update("the task was cancelled before it ran"))
     for result_id in rows:
         topic = task_topic(result_id)
-        transaction.on_commit(lambda topic=topic: _tell(topic, body), using=using)
+        transaction.on_commit(functools.partial(_tell, topic, body), using=using)
 
 
 def _tell(topic: str, body: bytes) -> None:
