@@ -65,8 +65,8 @@ class Partition:
         self.healed_at: float | None = None
 
     def __repr__(self) -> str:
-        names = lambda hosts: ",".join(h.name for h in hosts)  # noqa: E731
-        return f"Partition({names(self.side)} | {names(self.other)})"
+        side, other = (",".join(h.name for h in hosts) for hosts in (self.side, self.other))
+        return f"Partition({side} | {other})"
 
     def _pairs(self) -> Iterator[tuple[Host, Host]]:
         for a in self.side:

@@ -32,7 +32,7 @@ import contextlib
 import itertools
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,7 +115,7 @@ class Traffic:
         queue: str,
         *,
         producers: int = 2,
-        workers: dict[str, str | None],
+        workers: Mapping[str, str | None],
         frozen: tuple[str, ...] = (),
         **options: Any,
     ) -> Traffic:
