@@ -265,7 +265,13 @@ class EventStream:
         """A frame a subscriber socket would get: queued as its events."""
         if self._closed or self._ended is not None:
             return
-        chunk = self._events(frame)
+        try:
+            chunk = self._events(frame)
+        except Exception:
+            # Never into the broadcaster's sender, which serves every subscriber.
+            log.exception("event stream of %r: could not write a frame as events", self.topic)
+            self.end("internal error")
+            return
         if chunk:
             self._chunks.append(chunk)
             self.window.queued()
