@@ -29,7 +29,9 @@ A comment line goes out every ``GATEWAY_SSE_KEEPALIVE`` seconds (at most
 15), so proxies do not close an idle stream. The stream ends (the response
 ends; an ``EventSource`` reconnects by itself, resuming with
 ``Last-Event-ID``) when a ``block`` buffer stays full past the block wait,
-when the topic's offsets restart, or when its token expires or is revoked.
+when the topic's offsets restart, when its token expires or is revoked, when
+an operator disconnects it, or when the process stops. Streams are listed
+with the process's sockets (``/api/stats``, the dashboard: kind ``sse``).
 """
 
 from __future__ import annotations
