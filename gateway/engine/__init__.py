@@ -153,6 +153,22 @@ class Engine:
         self.local_listener: Any = None
         #: cancelled leases told to this process's sockets (protocol 1.2: Cancel)
         self.cancels = CancelNotices(self.pumps)
+        committer.fold = self._fold
+
+    def _fold(self, ops: list[Op]) -> list[tuple[Op, Callback]]:
+        """Lease rounds to run in the transaction of a batch that enqueues
+        (:meth:`QueuePump.fold`): one per queue enqueued to whose pump is idle
+        with sockets that want work."""
+        folded: list[tuple[Op, Callback]] = []
+        queues: set[str] = set()
+        for op in ops:
+            if type(op) is Enqueue and op.queue not in queues:
+                queues.add(op.queue)
+                pump = self.pumps.get(op.queue)
+                round_ = pump.fold() if pump is not None else None
+                if round_ is not None:
+                    folded.append(round_)
+        return folded
 
     def close(self) -> None:
         """Stop the store thread and the wake-up listeners."""

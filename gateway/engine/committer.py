@@ -5,6 +5,11 @@ on the store's own thread (not ``database_sync_to_async``'s shared thread,
 design decision 3). While a batch runs, new operations pile up and become the
 next batch, so under load one commit serves many sockets and, when idle, an
 operation starts at once.
+
+A batch that enqueues may take a lease round along (:attr:`Committer.fold`):
+the round runs after the enqueues in the same transaction, so an idle
+worker's delivery leaves with the enqueue's commit, not one transaction and
+two thread hand-offs later.
 """
 
 from __future__ import annotations
@@ -12,12 +17,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from gateway.core.errors import Backpressure, ProtocolError, Unavailable
-from gateway.store import Enqueue, Op, Result, Store
+from gateway.store import Enqueue, Lease, Op, Result, Store
 
 __all__ = ["Callback", "Committer"]
 
@@ -26,6 +31,8 @@ log = logging.getLogger("leasecast.committer")
 Callback = Callable[[Result], None]
 #: What a batch added to the queues' counters, by (queue, counter, label).
 Counted = dict[tuple[str, str, str], int]
+#: Given a batch's ops, the ops (lease rounds) to run after them in its transaction.
+Fold = Callable[[list[Op]], list[tuple[Op, Callback]]]
 
 #: How often idempotency keys past their window are swept (seconds).
 KEY_SWEEP_INTERVAL = 60.0
@@ -33,6 +40,10 @@ KEY_SWEEP_INTERVAL = 60.0
 STAGING_TTL = 24 * 3600.0
 #: Finished transactions are remembered (so a replayed commit changes nothing) this long.
 TXN_MEMORY = 7 * 24 * 3600.0
+
+
+def _enqueues(ops: Iterable[Op]) -> bool:
+    return any(type(op) is Enqueue for op in ops)
 
 
 class Committer:
@@ -73,6 +84,8 @@ class Committer:
         self._running = False
         self._dispatching = False  # running callbacks: ops they submit wait for the end
         self._last_sweep = time.monotonic()
+        #: set by the engine: lease rounds to fold into a batch that enqueues
+        self.fold: Fold | None = None
         # Figures for the dashboard and the benchmarks.
         self.batches = 0
         self.ops = 0
@@ -127,12 +140,30 @@ class Committer:
     def _start_batch(self) -> None:
         batch = self._pending[: self._batch_max_ops]
         del self._pending[: self._batch_max_ops]
+        ops = [op for op, _ in batch]
+        if self.fold is not None and _enqueues(ops):
+            # The pumps of the queues enqueued to may run their next round in
+            # this transaction, after the enqueues (beyond batch_max_ops: a
+            # few ops at most, one per queue).
+            folded = self.fold(ops)
+            if folded:
+                batch += folded
+                ops += [op for op, _ in folded]
+        order: list[int] | None = None
+        if len(ops) > 1 and any(type(op) is Lease for op in ops[:-1]):
+            # Lease rounds run last in their transaction, so they see what the
+            # batch's other ops made visible; the results keep the batch's
+            # order (so do the callbacks, and the frames they push).
+            order = sorted(range(len(ops)), key=lambda i: type(ops[i]) is Lease)
+            ops = [ops[i] for i in order]
         self._running = True
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._executor, self._run, [op for op, _ in batch])
+        future = loop.run_in_executor(self._executor, self._run, ops, order)
         future.add_done_callback(lambda f: self._finish(batch, f))
 
-    def _run(self, ops: list[Op]) -> tuple[list[Result], set[str], Counted]:
+    def _run(
+        self, ops: list[Op], order: list[int] | None = None
+    ) -> tuple[list[Result], set[str], Counted]:
         # On the store thread.
         if self._store is None:
             try:
@@ -142,7 +173,14 @@ class Committer:
                 failed = Unavailable(f"storage unavailable: {type(exc).__name__}")
                 return [failed] * len(ops), set(), {}
         results = self._store.run(ops)
-        woken, counted = self._store.woken, self._store.counted
+        if order is not None:
+            ran = results
+            results = [None] * len(ran)
+            for i, result in zip(order, ran, strict=True):
+                results[i] = result
+        # A queue whose lease round ran after its last wake in this batch
+        # needs no wake-up: the round's own result tells its pump the rest.
+        woken, counted = self._store.woken - self._store.caught_up, self._store.counted
         if time.monotonic() - self._last_sweep > KEY_SWEEP_INTERVAL:
             self._last_sweep = time.monotonic()
             try:
@@ -168,9 +206,15 @@ class Committer:
         except BaseException as exc:  # the thread pool itself failed
             log.exception("store batch crashed")
             results = [Unavailable(f"storage failed: {type(exc).__name__}")] * len(batch)
-        if self._pending:
+        if self._pending and not (
+            self.fold is not None and _enqueues(op for op, _ in self._pending)
+        ):
             # Start the next batch before running callbacks: the store thread
-            # works while the loop turns results into frames.
+            # works while the loop turns results into frames. Unless it
+            # enqueues: a pump whose round landed in this batch is still busy
+            # until its callback runs, and could not fold its next round into
+            # the enqueues' transaction (their deliveries would wait for
+            # another transaction after it).
             self._start_batch()
         self._dispatching = True
         try:

@@ -124,6 +124,32 @@ class QueuePump:
             lambda result: self._landed(result, token, demand, timeout),
         )
 
+    def fold(self) -> tuple[Lease, Callable[[Result], None]] | None:
+        """The round to run right after an enqueue into this queue, in its transaction.
+
+        Returns ``(op, callback)`` for the committer to append to a batch that
+        enqueues here, or None if no socket wants work or a round is already
+        under way (it will look again when it lands). The round counts as
+        woken by that enqueue: the store leaves the queue out of the batch's
+        wake-ups when the round saw its last wake, and otherwise the wake-up
+        that follows the commit runs the next round as usual.
+        """
+        if self._scheduler.running or not self._sinks:
+            return None
+        group = self._next_group()
+        if not group:
+            return None
+        timeout, sinks = group
+        demand = min(MAX_ROUND, sum(s.demand for s in sinks))
+        self._scheduler.wake()
+        if not self._scheduler.should_run(demand):
+            return None
+        token = self._scheduler.start()
+        return (
+            Lease(self.queue, demand, timeout),
+            lambda result: self._landed(result, token, demand, timeout),
+        )
+
     def _next_group(self) -> tuple[float | None, list[WorkerSink]] | None:
         """The sockets to feed this round: those sharing the lease length of the
         next socket (in rotation) with demand, so mixed lengths take turns."""

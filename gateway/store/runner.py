@@ -118,6 +118,10 @@ class Store:
         self._announce_as = announce_as if dialect is POSTGRESQL else None
         #: queues woken by the last :meth:`run` (read by the committer)
         self.woken: set[str] = set()
+        #: of those, the queues a lease round of the same :meth:`run` saw every
+        #: wake of: a lease round ran after the last statement that woke them
+        #: (read by the committer: their pumps need no wake-up for it)
+        self.caught_up: set[str] = set()
         self._counter_shard = counter_shard
         #: what the last :meth:`run` committed to queue counters, by (queue,
         #: counter, label): read by the committer, which hands it to the
@@ -144,6 +148,7 @@ class Store:
         """
         cur = self._begin()
         txn = Txn(cur, self.dialect, self._clock(), self._queues)
+        wakes = txn.woken = _Wakes()
         try:
             yield txn
             settle(txn)
@@ -161,6 +166,11 @@ class Store:
                 self.close()
             raise
         cur.execute("COMMIT")
+        # A later transaction's wake undoes an earlier one's lease round; a
+        # savepoint rolled back replaces the set, and then nothing is known.
+        self.caught_up -= txn.woken
+        if txn.woken is wakes:
+            self.caught_up |= wakes.caught_up
         self.woken |= txn.woken
         for key, n in counted.items():
             self.counted[key] = self.counted.get(key, 0) + n
@@ -204,6 +214,7 @@ class Store:
         that still fails gets :class:`Unavailable`.
         """
         self.woken = set()
+        self.caught_up = set()
         self.counted = {}
         self._unreachable = None
         return self._run_split(ops)
@@ -272,6 +283,19 @@ class Store:
                         while j < len(ops) and _is_plain_ack(ops[j]):
                             j += 1
                         results[i:j] = leasing.ack_plain(txn, ops[i:j])  # type: ignore[arg-type]
+                    elif type(op) is Lease:
+                        wakes = txn.woken
+                        seen = wakes.added if isinstance(wakes, _Wakes) else -1
+                        results[i] = _apply_one(txn, op)
+                        if (
+                            isinstance(wakes, _Wakes)
+                            and wakes.added == seen
+                            and not isinstance(results[i], ProtocolError)
+                        ):
+                            # The round saw every wake of its queue so far,
+                            # unless it woke the queue itself (a message it
+                            # dead-lettered freed a max_in_flight place).
+                            wakes.caught_up.add(op.queue)
                     else:
                         results[i] = _apply_one(txn, op)
                 except Exception as exc:
@@ -298,6 +322,26 @@ class Store:
                 "DELETE FROM leasecast_dedup WHERE expires_at <= %s", (txn.now,)
             ).rowcount
         return deleted
+
+
+class _Wakes(set[str]):
+    """A transaction's woken queues, knowing which were leased after their last wake.
+
+    ``caught_up`` holds the queues a lease round of the transaction ran for
+    after every statement that woke them; any later wake (another op, the
+    groups settled at the end) takes the queue out again.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.caught_up: set[str] = set()
+        #: how many wakes were noted, repeats included
+        self.added = 0
+
+    def add(self, name: str) -> None:
+        super().add(name)
+        self.added += 1
+        self.caught_up.discard(name)
 
 
 class _Unreachable(Exception):
