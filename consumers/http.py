@@ -253,9 +253,12 @@ async def not_found(
 
 
 def _may_see(principal: Principal, queue: str) -> bool:
-    """Whether ``principal`` may read ``queue``'s counts (``GET /api/queues/QUEUE``)."""
+    """Whether ``principal`` may read ``queue``'s counts (``GET /api/queues/QUEUE``):
+    an operator, or a token that may enqueue to it or consume from it."""
     if principal.allows("view_queue"):
         return True
+    if principal.user_id is not None:
+        return False  # a session's client scopes make no operator
     return principal.allows("enqueue", queue) or principal.allows("consume", queue)
 
 
@@ -299,7 +302,7 @@ async def queue_detail(request: HttpRequest, principal: Principal, queue: str) -
         await _audit(principal, queue, f"Changed settings: {orjson.dumps(changes).decode()}.")
         return _json(stats.as_json())
     if not _may_see(principal, queue):
-        principal.require("consume", queue)
+        principal.require_operator("view_queue", "consume", queue)
     return _json((await engine.call(Stats(queue))).as_json())
 
 
@@ -356,8 +359,7 @@ def _condition(request: HttpRequest) -> MessageCondition | None:
 
 async def _browse(request: HttpRequest, principal: Principal, queue: str) -> HttpResponse:
     """A page of messages in one state, without leasing them (scope admin or consume)."""
-    if not principal.allows("view_queue"):
-        principal.require("consume", queue)
+    principal.require_operator("view_queue", "consume", queue)
     raw_state = request.GET.get("state", "visible")
     state = next((s for s in _BROWSE_STATES if s == raw_state), None)
     if state is None:
@@ -405,8 +407,7 @@ async def message_cancel(
     notice (``gateway.engine.notify``).
     """
     check_name(queue)
-    if not principal.allows("enqueue", queue):
-        principal.require("change_queue")
+    principal.require_operator("change_queue", "enqueue", queue)
     number = _message_id(msg_id)
     engine = current_runtime().engine
     result = await engine.call(Cancel(queue, number))

@@ -26,8 +26,7 @@ async def topic_presence(request: HttpRequest, principal: Principal, topic: str)
     session with the view permission).
     """
     check_name(topic, "topic")
-    if not principal.allows("subscribe", topic):
-        principal.require("view_queue")
+    principal.require_operator("view_queue", "subscribe", topic)
     broadcaster = current_runtime().broadcaster
     settings = await broadcaster.settings.get(topic)
     if not settings.presence:

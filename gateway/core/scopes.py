@@ -11,7 +11,9 @@ Operator rights (protocol 1.2, "Staff is not enough"): ``view_queue``
 ``change_queue`` (acting on queues, messages and schedules) and
 ``change_topic`` (topic settings), named after the Django permissions that
 give them to a staff user's session (:func:`operator_principal`). An
-``admin`` token or a superuser has them all; no other token has any.
+``admin`` token or a superuser has them all; no other token has any. Every
+active staff session, with or without them, may enqueue, consume, publish
+and subscribe on any name, as a client.
 """
 
 from __future__ import annotations
@@ -229,6 +231,19 @@ class Principal:
         mine = {(g.action, g.pattern) for g in self.grants}
         return all((g.action, g.pattern) in mine for g in other.grants)
 
+    def require_operator(self, right: OperatorRight, action: Action, name: str) -> None:
+        """Raise :class:`Forbidden` unless this may do an operator action that a
+        token may also do with scope ``action`` on ``name`` (browsing with
+        ``consume``, cancelling with ``enqueue``, ...).
+
+        A staff session needs ``right`` itself: its client scopes (every
+        session may enqueue, consume, publish and subscribe) do not make it an
+        operator.
+        """
+        if self.user_id is None and self.allows(action, name):
+            return
+        self.require(right)
+
     def require(self, action: Action, name: str = "") -> None:
         """Raise :class:`Forbidden` unless :meth:`allows`."""
         if not self.allows(action, name):
@@ -241,13 +256,17 @@ class Principal:
             raise Forbidden(f"token {self.name!r} has no scope for {what}")
 
 
-#: What each operator right lets a session do besides operator actions: read
-#: topics and metrics (view), work and fill queues (change_queue), publish
-#: (change_topic). As in the Django admin, changing queues implies viewing them.
+#: What every active staff session may do, whatever its permissions: the
+#: work of a client (enqueue, consume, publish, subscribe on any name). The
+#: contract lets staff sessions use every endpoint and takes only operator
+#: actions away from staff without the matching permission.
+_SESSION_BASE_SCOPES: tuple[str, ...] = ("enqueue:*", "consume:*", "publish:*", "subscribe:*")
+#: What an operator right adds to that besides operator actions: the
+#: ``/metrics`` page is reading.
 _SESSION_SCOPES: dict[str, tuple[str, ...]] = {
-    "view_queue": ("subscribe:*", "metrics"),
-    "change_queue": ("enqueue:*", "consume:*"),
-    "change_topic": ("publish:*",),
+    "view_queue": ("metrics",),
+    "change_queue": (),
+    "change_topic": (),
 }
 
 
@@ -269,7 +288,10 @@ def operator_principal(
     rights = set(OPERATOR_RIGHTS & permissions)
     if "change_queue" in rights:
         rights.add("view_queue")
-    scopes = [scope for right in sorted(rights) for scope in _SESSION_SCOPES[right]]
+    scopes = [
+        *_SESSION_BASE_SCOPES,
+        *(scope for right in sorted(rights) for scope in _SESSION_SCOPES[right]),
+    ]
     principal = Principal.from_scopes(name, scopes)
     return Principal(
         name=name, grants=principal.grants, user_id=user_id, operator=frozenset(rights)

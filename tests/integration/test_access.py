@@ -276,7 +276,8 @@ class HttpRoute:
 _CONVERTER_SAMPLES = {
     "int": "7",
     "str": "probe",
-    "path": "probe",
+    # Two segments: only a <path:> route takes them (a catch-all after <str:> routes).
+    "path": "probe/more",
     "slug": "probe",
     "uuid": "00000000-0000-0000-0000-000000000007",
 }
@@ -332,7 +333,7 @@ def http_routes() -> list[HttpRoute]:
                 # The sample reaches this very route, so no route goes unvisited.
                 assert match.route == here_route, (here_path, match.route, here_route)
                 # Token-authenticated endpoints (the API, /metrics); the rest are pages.
-                is_api = entry.callback.__module__ in ("consumers.http", "consumers.metrics")
+                is_api = entry.callback.__module__.startswith("consumers.")
                 routes.append(HttpRoute(here_route, "/" + here_path, is_api))
 
     walk(get_resolver().url_patterns, "", "")

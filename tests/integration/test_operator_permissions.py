@@ -145,6 +145,24 @@ def test_http_operator_actions_need_the_matching_permission(
     assert {kind: allowed.get(kind, set()) for kind in MAY} == MAY
 
 
+def test_every_staff_session_works_as_a_client_whatever_its_permissions(
+    site: GatewayProcess, admin: str, clients: dict[str, Client]
+) -> None:
+    """Enqueueing and publishing are a client's work, not operator actions:
+    staff sessions may use every endpoint for them (before, a staff user
+    without permissions got 403)."""
+    for name, client in clients.items():
+        queue, topic = unique("cl"), unique("clt")
+        sent = send(
+            site, client, "POST", f"/api/queues/{queue}/messages", {"messages": [{"body": 1}]}
+        )
+        published = send(
+            site, client, "POST", f"/api/topics/{topic}/messages", {"messages": [{"body": 1}]}
+        )
+        assert (name, sent, published) == (name, 200, 200)
+        assert counts(site, admin, queue)["visible"] == 1, name
+
+
 async def test_the_dashboard_socket_needs_view_and_disconnect_needs_change(
     site: GatewayProcess, clients: dict[str, Client]
 ) -> None:
