@@ -199,6 +199,10 @@ async def reject(request: HttpRequest, principal: Principal, queue: str) -> Http
     return _json({"rejected": _applied(results), "stale": stale})
 
 
+#: An extended lease ending this much sooner than ``timeout`` was cut short by its ttl.
+_CUT_SHORT = 1.0
+
+
 @api("POST")
 async def extend(request: HttpRequest, principal: Principal, queue: str) -> HttpResponse:
     """Make these leases end ``timeout`` seconds from now:
@@ -209,5 +213,10 @@ async def extend(request: HttpRequest, principal: Principal, queue: str) -> Http
     """
     asked, results, stale = await _end(request, principal, queue, "extend")
     ends = [r for r in results if isinstance(r, float)]
-    soonest = min(ends) - time.time() if ends else asked.timeout
+    now = time.time()
+    # The store counted ``timeout`` from its transaction's start, a moment
+    # ago: an end that far off is the timeout asked, reported as asked (S);
+    # only an end a message's ttl cut short is reported as what is left.
+    cut = [end - now for end in ends if end < now + asked.timeout - _CUT_SHORT]
+    soonest = min(cut) if cut else asked.timeout
     return _json({"extended": len(ends), "stale": stale, "expires_in": round(max(0.0, soonest), 3)})
