@@ -75,10 +75,11 @@ def consumer_key(process: str, socket: dict[str, Any]) -> str:
 def subscriptions_of(socket: dict[str, Any]) -> list[dict[str, Any]]:
     """The topic subscriptions a described socket carries, each shaped as a
     subscriber socket's description (``id``, ``topic``, ``client``, ``policy``,
-    rates): the socket itself for a subscriber socket, one per started topic
+    rates): the socket itself for a subscriber socket or an event stream
+    (``/sse/``), one per started topic
     for a multiplexed ``/ws/`` socket (``id`` ``SOCKET:TOPIC``), none otherwise."""
     kind = socket.get("kind")
-    if kind == "subscriber":
+    if kind in ("subscriber", "sse"):  # an event stream is a subscription too
         return [socket]
     if kind != "multiplex":
         return []

@@ -27,6 +27,8 @@ def test_a_multiplexed_socket_counts_as_its_subscriptions() -> None:
     assert subscriptions_of({"kind": "worker", "id": "w"}) == []
     plain = {"kind": "subscriber", "id": "s1", **sub("news", 50, 50)}
     assert subscriptions_of(plain) == [plain]
+    stream = {"kind": "sse", "id": "e2", **sub("news", 1, 0)}
+    assert subscriptions_of(stream) == [stream]
     # A /ws/ subscription dropping 10% raises the same alert a subscriber socket would.
     found = alerts([{"name": "gw1", "sockets": [mux, plain]}], [], 60.0)
     assert [(a["consumer"], a["topic"]) for a in found] == [

@@ -608,7 +608,7 @@ function socketRows(snapshot) {
       if (filter && ![name, s.client, s.principal || ""].some((v) => String(v).toLowerCase().includes(filter))) continue;
       s.process = process.name;  // the frame's own objects: no copy of 1,000 sockets
       s.name = name;
-      s.ratio = s.kind === "subscriber" || subs ? s.drop_rate / ((s.rate + s.drop_rate) || 1) : 0;
+      s.ratio = s.kind === "subscriber" || s.kind === "sse" || subs ? s.drop_rate / ((s.rate + s.drop_rate) || 1) : 0;
       rows.push(s);
     }
   }
@@ -643,7 +643,7 @@ function renderSockets(snapshot) {
       if (s.kind === "worker") {
         stateText = `prefetch ${s.prefetch}, leases ${s.leases}`;
         moved = `${num(s.acked)} acked, ${num(s.nacked)} nacked, ${num(s.redelivered || 0)} redelivered`;
-      } else if (s.kind === "subscriber") {
+      } else if (s.kind === "subscriber" || s.kind === "sse") {
         stateText = `${s.policy}, prio ${s.priority}, buffer ${num(s.buffered)}/${num(s.capacity)}, credit ${num(s.credit)}`;
         moved = `${num(s.delivered)} delivered`;
         dropped = `${num(s.dropped)} (${rate(s.drop_rate)}/s)`;
