@@ -38,6 +38,9 @@ Fold = Callable[[list[Op]], list[tuple[Op, Callback]]]
 KEY_SWEEP_INTERVAL = 60.0
 #: Staged messages never committed are dropped after this long (seconds).
 STAGING_TTL = 24 * 3600.0
+#: Longest waiting batch that starts after the previous batch's callbacks
+#: (so the pumps can fold their rounds into it); a longer one starts before.
+FOLD_WAIT_MAX_OPS = 64
 #: Finished transactions are remembered (so a replayed commit changes nothing) this long.
 TXN_MEMORY = 7 * 24 * 3600.0
 
@@ -161,6 +164,21 @@ class Committer:
         future = loop.run_in_executor(self._executor, self._run, ops, order)
         future.add_done_callback(lambda f: self._finish(batch, f))
 
+    def _waits_for_callbacks(self) -> bool:
+        """Whether the next batch should start after this one's callbacks.
+
+        Yes for a short one that enqueues (moderate load, where latency is
+        the point): a pump whose round landed in this batch is busy until its
+        callback runs, and could not fold its next round into the enqueues'
+        transaction (their deliveries would wait for another transaction).
+        Under a backlog the store thread keeps working instead.
+        """
+        return (
+            self.fold is not None
+            and len(self._pending) <= FOLD_WAIT_MAX_OPS
+            and _enqueues(op for op, _ in self._pending)
+        )
+
     def _run(
         self, ops: list[Op], order: list[int] | None = None
     ) -> tuple[list[Result], set[str], Counted]:
@@ -206,15 +224,9 @@ class Committer:
         except BaseException as exc:  # the thread pool itself failed
             log.exception("store batch crashed")
             results = [Unavailable(f"storage failed: {type(exc).__name__}")] * len(batch)
-        if self._pending and not (
-            self.fold is not None and _enqueues(op for op, _ in self._pending)
-        ):
+        if self._pending and not self._waits_for_callbacks():
             # Start the next batch before running callbacks: the store thread
-            # works while the loop turns results into frames. Unless it
-            # enqueues: a pump whose round landed in this batch is still busy
-            # until its callback runs, and could not fold its next round into
-            # the enqueues' transaction (their deliveries would wait for
-            # another transaction after it).
+            # works while the loop turns results into frames.
             self._start_batch()
         self._dispatching = True
         try:
