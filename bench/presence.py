@@ -33,8 +33,9 @@ Each watcher records every ``join``, ``leave`` and ``presence`` frame (a
 ``presence`` frame's ``joins`` and ``leaves`` one by one). After the churn,
 the run waits until the topic's presence document (``GET
 /api/topics/T/presence``, read from Redis on **two**) lists the watchers
-alone, and then until neither watcher has been told anything for 2.5 s (the
-contract: an open or a close is told within 2 s on every process). A churner's
+alone, and then until neither watcher has been told anything for 2.5 s
+(docs/protocol.md: an open or a close is seen within about a second
+everywhere; 2.5 s leaves a margin). A churner's
 memberships never overlap, so where a watcher saw every membership of a
 churner, the k-th member id it saw for ``cI`` is that churner's k-th
 membership: the delay is from the churner's ``subscribed`` (``unsubscribed``)
@@ -75,7 +76,7 @@ from tests.support.gateways import GatewayProcess
 from tests.support.tokens import TEST_SIGNING_KEY, mint
 
 #: Seconds without a presence frame after which the watchers are taken as told
-#: everything (the contract's 2 s, and a margin).
+#: everything (about a second by docs/protocol.md, and a margin).
 QUIET = 2.5
 #: Longest wait for the watchers after the churn.
 DRAIN_MAX = 30.0
