@@ -250,7 +250,7 @@ class GatewaySocket(AsyncWebsocketConsumer):
                 # Every socket kind takes refresh (protocol 1.1: token
                 # lifetime), so it is handled here, whatever the subclass's ops.
                 frame = parse_refresh(obj)
-            elif op in SUBSCRIPTION_OPS and op in self.ops:
+            elif isinstance(op, str) and op in SUBSCRIPTION_OPS and op in self.ops:
                 # subscribe / unsubscribe: the multiplexed socket's own frames.
                 frame = parse_subscription_frame(obj)
             else:
