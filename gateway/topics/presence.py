@@ -8,16 +8,23 @@ members' joins and leaves.
 
 - :class:`Presence` (one process, no ``REDIS_URL``): the members live here and
   a join or leave is told to the watchers at once.
-- :class:`RedisPresence` (several processes): each process keeps its own
-  members and writes them to Redis with an expiry it renews every
-  :data:`REFRESH` seconds, so the members of a process that dies without a
-  word expire :data:`MEMBER_TTL` seconds after its last renewal. Per topic,
+- :class:`RedisPresence` (several processes): a join or leave is told to this
+  process's watchers at once, as in one process. Each process also writes its
+  members to Redis with an expiry it renews every :data:`REFRESH` seconds, so
+  the members of a process that dies without a word expire
+  :data:`MEMBER_TTL` seconds after its last renewal. Per topic,
   ``{prefix}:presence:{topic}`` is a sorted set (member id, scored by its
   expiry) and ``{prefix}:presence:{topic}:m`` a hash (member id -> the member's
-  JSON). A process with watchers of a topic reads the topic's live members
-  every :data:`POLL` seconds, and tells its watchers the difference from
-  the previous read: joins and leaves from every process, its own included,
-  and the expiry of a dead process's members, all the same way.
+  JSON and the process that holds it): they give the presence document and a
+  watcher's first list of members. In the same pipeline as that write, each
+  join and leave is published on the deployment's channel
+  ``{prefix}:presence-events``; every process tells its watchers the other
+  processes' joins and leaves from those events, so even a membership that
+  ended at once is told as a join and a leave everywhere. What is queued is
+  written in one pipeline per wake-up. Every :data:`POLL` seconds a process
+  with watchers also reads a watched topic's members and tells what the
+  events did not: the expiry of a dead process's members, and anything an
+  event lost (Redis pub/sub does not keep what a dropped connection missed).
 """
 
 from __future__ import annotations
@@ -26,9 +33,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+import uuid
+from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
+import orjson
 from redis.exceptions import RedisError
 
 from gateway.core.errors import Unavailable
@@ -36,6 +45,7 @@ from gateway.core.presence import Member
 from gateway.topics.redis_url import async_client
 
 __all__ = [
+    "BATCH",
     "MEMBER_TTL",
     "POLL",
     "REFRESH",
@@ -52,9 +62,12 @@ log = logging.getLogger("leasecast.presence")
 MEMBER_TTL = 15.0
 #: Seconds between a process's renewals of its members.
 REFRESH = 5.0
-#: Seconds between two reads of a watched topic's members (joins and leaves
-#: from other processes reach a watcher within about this).
-POLL = 0.5
+#: Seconds between two reads of a watched topic's members: a dead process's
+#: members are told as leaves within :data:`MEMBER_TTL` plus this (the joins
+#: and leaves of live processes are told from events, at once).
+POLL = 2.0
+#: Most queued joins and leaves written in one pipeline.
+BATCH = 512
 
 
 class PresenceWatcher(Protocol):
@@ -174,7 +187,8 @@ class RedisPresence(Presence):
         prefix: prefix of Leasecast's Redis keys (``GATEWAY_REDIS_PREFIX``).
         member_ttl: seconds a member outlives its process's last renewal.
         refresh: seconds between renewals.
-        poll: seconds between reads of a watched topic.
+        poll: seconds between reads of a watched topic (expiries, lost events).
+        batch: most queued joins and leaves written in one pipeline.
     """
 
     def __init__(
@@ -185,21 +199,35 @@ class RedisPresence(Presence):
         member_ttl: float = MEMBER_TTL,
         refresh: float = REFRESH,
         poll: float = POLL,
+        batch: int = BATCH,
     ) -> None:
         super().__init__()
-        self.redis = async_client(url, max_connections=4, wait=10)
+        # One connection stays subscribed to the events; the writes, the polls
+        # and every watcher's first read share the others.
+        self.redis = async_client(url, max_connections=8, wait=10)
         self.prefix = prefix
         self.member_ttl = member_ttl
         self.refresh = refresh
         self.poll = poll
+        self.batch = batch
+        #: this process among the deployment's: it tells its own joins and
+        #: leaves at once, so it skips its own events and Redis entries
+        self.origin = uuid.uuid4().hex
+        #: where every process publishes its joins and leaves
+        self.channel = f"{prefix}:presence-events"
         # Writes in the order they were asked for: a join, then its leave.
-        self._writes: asyncio.Queue[tuple[str, str, Member | None]] = asyncio.Queue()
-        #: the members last read of each watched topic
+        # None: renew every member of this process.
+        self._writes: asyncio.Queue[tuple[str, Member, bool] | None] = asyncio.Queue()
+        #: the other processes' members told to this process's watchers, per watched topic
         self._seen: dict[str, dict[str, Member]] = {}
+        # Per topic, the member ids told while a read of the topic was under
+        # way: that read may predate them, so it says nothing about them.
+        self._touched: dict[str, list[set[str]]] = {}
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._write_loop()),
             loop.create_task(self._refresh_loop()),
+            loop.create_task(self._event_loop()),
             loop.create_task(self._poll_loop()),
         ]
 
@@ -207,32 +235,86 @@ class RedisPresence(Presence):
         base = f"{self.prefix}:presence:{topic}"
         return base, f"{base}:m"
 
-    # Told through the poll, the same way as other processes' changes.
+    # This process's watchers are told at once (Presence); the other
+    # processes' from the event written with the member set.
     def _joined(self, topic: str, member: Member) -> None:
-        self._writes.put_nowait((topic, member.client, member))
+        self._touch(topic, member.client)
+        super()._joined(topic, member)
+        self._writes.put_nowait((topic, member, True))
 
     def _left(self, topic: str, member: Member) -> None:
-        self._writes.put_nowait((topic, member.client, None))
+        self._touch(topic, member.client)
+        super()._left(topic, member)
+        self._writes.put_nowait((topic, member, False))
+
+    def _touch(self, topic: str, client: str) -> None:
+        for touched in self._touched.get(topic, ()):
+            touched.add(client)
+
+    @contextlib.contextmanager
+    def _reading(self, topic: str) -> Iterator[set[str]]:
+        """The member ids of ``topic`` told while the block runs."""
+        touched: set[str] = set()
+        self._touched.setdefault(topic, []).append(touched)
+        try:
+            yield touched
+        finally:
+            reading = self._touched[topic]
+            for i, other in enumerate(reading):
+                if other is touched:
+                    del reading[i]
+                    break
+            if not reading:
+                del self._touched[topic]
 
     async def members(self, topic: str) -> list[Member]:
         try:
-            return list((await self._read(topic)).values())
-        except RedisError as exc:
+            others = await self._read(topic)
+        except (RedisError, OSError) as exc:
             raise Unavailable(f"presence could not be read from Redis: {exc}") from exc
+        return list(self.local.get(topic, {}).values()) + list(others.values())
 
     async def watch(self, topic: str, watcher: PresenceWatcher) -> list[Member]:
-        members = await self.members(topic)
+        # Told from now on: what changes while Redis is read comes as joins and
+        # leaves (a subscription holds them until its first presence frame),
+        # so the list returned leaves those members out.
+        first = topic not in self._seen
         self._watchers.setdefault(topic, {})[watcher.client] = watcher
-        self._seen.setdefault(topic, {m.client: m for m in members})
-        return members
+        seen = self._seen.setdefault(topic, {})
+        here = list(self.local.get(topic, {}).values())
+        try:
+            with self._reading(topic) as touched:
+                others = await self._read(topic)
+        except BaseException as exc:
+            self.unwatch(topic, watcher.client)
+            if isinstance(exc, (RedisError, OSError)):
+                raise Unavailable(f"presence could not be read from Redis: {exc}") from exc
+            raise
+        found = [m for c, m in others.items() if c not in touched]
+        if first:
+            for m in found:
+                seen.setdefault(m.client, m)
+        return here + found
 
     def unwatch(self, topic: str, client: str) -> None:
         super().unwatch(topic, client)
         if topic not in self._watchers:
             self._seen.pop(topic, None)
 
+    def _encode(self, member: Member, **more: str) -> bytes:
+        """The member as the hash and the events hold it: with this process's id."""
+        return orjson.dumps(
+            {
+                "client": member.client,
+                "user": member.user,
+                "info": member.info,
+                "origin": self.origin,
+                **more,
+            }
+        )
+
     async def _read(self, topic: str) -> dict[str, Member]:
-        """The topic's live members; expired ones are removed on the way."""
+        """The topic's live members of the other processes; expired ones are removed."""
         zkey, hkey = self._keys(topic)
         now = time.time()
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -254,85 +336,159 @@ class RedisPresence(Presence):
                 member = Member.decode(raw)
             except ValueError:
                 continue
-            found[member.client] = member
+            if orjson.loads(raw).get("origin") != self.origin:
+                found[member.client] = member
         return found
+
+    def _add_writes(self, pipe: Any, batch: list[tuple[str, Member, bool] | None]) -> None:
+        """Queue ``batch``'s writes on ``pipe``: each change to the member set, then its event."""
+        ttl = int(self.member_ttl * 4)
+        for item in batch:
+            if item is None:
+                self._add_renewal(pipe)
+                continue
+            topic, member, joined = item
+            zkey, hkey = self._keys(topic)
+            if joined:
+                pipe.hset(hkey, member.client, self._encode(member))
+                pipe.zadd(zkey, {member.client: time.time() + self.member_ttl})
+                pipe.expire(zkey, ttl)
+                pipe.expire(hkey, ttl)
+            else:
+                pipe.zrem(zkey, member.client)
+                pipe.hdel(hkey, member.client)
+            kind = "join" if joined else "leave"
+            pipe.publish(self.channel, self._encode(member, topic=topic, kind=kind))
+
+    def _add_renewal(self, pipe: Any) -> None:
+        # Built from the members now, in line with the joins and leaves: a
+        # member that left is not written back.
+        expiry = time.time() + self.member_ttl
+        ttl = int(self.member_ttl * 4)
+        for topic, members in self.local.items():
+            if not members:
+                continue
+            zkey, hkey = self._keys(topic)
+            pipe.hset(hkey, mapping={c: self._encode(m) for c, m in members.items()})
+            pipe.zadd(zkey, dict.fromkeys(members, expiry))
+            pipe.expire(zkey, ttl)
+            pipe.expire(hkey, ttl)
+
+    def _drain(self, batch: list[tuple[str, Member, bool] | None]) -> None:
+        while len(batch) < self.batch and not self._writes.empty():
+            batch.append(self._writes.get_nowait())
 
     async def _write_loop(self) -> None:
         while True:
-            topic, client, member = await self._writes.get()
-            zkey, hkey = self._keys(topic)
+            batch = [await self._writes.get()]
+            self._drain(batch)  # all that queued meanwhile: one round trip
             try:
                 async with self.redis.pipeline(transaction=True) as pipe:
-                    if member is None:
-                        pipe.zrem(zkey, client)
-                        pipe.hdel(hkey, client)
-                    else:
-                        pipe.hset(hkey, client, member.encode())
-                        pipe.zadd(zkey, {client: time.time() + self.member_ttl})
-                        pipe.expire(zkey, int(self.member_ttl * 4))
-                        pipe.expire(hkey, int(self.member_ttl * 4))
+                    self._add_writes(pipe, batch)
                     await pipe.execute()
             except (RedisError, OSError) as exc:
                 # Soft state: a join not written is written by the next
-                # renewal; a leave not written expires.
-                log.warning("presence of %r not written to Redis: %s", topic, exc)
+                # renewal; a leave not written expires. Other processes are
+                # told of either by their poll.
+                log.warning("%d presence changes not written to Redis: %s", len(batch), exc)
 
     async def _refresh_loop(self) -> None:
         while True:
             await asyncio.sleep(self.refresh)
-            try:
-                await self._renew()
-            except (RedisError, OSError) as exc:
-                log.warning("presence not renewed in Redis: %s", exc)
+            if self.local:
+                self._writes.put_nowait(None)
 
-    async def _renew(self) -> None:
-        if not self.local:
+    def _on_event(self, raw: bytes | str) -> None:
+        """Another process's join or leave: told to this process's watchers of its topic."""
+        try:
+            member = Member.decode(raw)
+            event = orjson.loads(raw)
+        except ValueError:
             return
-        expiry = time.time() + self.member_ttl
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for topic, members in list(self.local.items()):
-                zkey, hkey = self._keys(topic)
-                if not members:
-                    continue
-                pipe.hset(hkey, mapping={c: m.encode() for c, m in members.items()})
-                pipe.zadd(zkey, dict.fromkeys(members, expiry))
-                pipe.expire(zkey, int(self.member_ttl * 4))
-                pipe.expire(hkey, int(self.member_ttl * 4))
-            await pipe.execute()
+        topic, kind = event.get("topic"), event.get("kind")
+        if event.get("origin") == self.origin or not isinstance(topic, str):
+            return
+        self._touch(topic, member.client)
+        seen = self._seen.get(topic)
+        if seen is None:
+            return  # nobody here watches the topic
+        if kind == "join":
+            if member.client not in seen:  # else the poll told it first
+                seen[member.client] = member
+                self._tell(topic, [member], [])
+        elif kind == "leave":
+            known = seen.pop(member.client, None)
+            if known is not None:  # else never told here, or the poll told it first
+                self._tell(topic, [], [known])
+
+    async def _event_loop(self) -> None:
+        while True:
+            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.channel)
+                async for message in pubsub.listen():
+                    if message.get("type") == "message":
+                        self._on_event(message["data"])
+            except (RedisError, OSError) as exc:
+                # What was published meanwhile is lost: the poll tells it.
+                log.warning("presence events not read from Redis: %s", exc)
+                await asyncio.sleep(1)
+            finally:
+                with contextlib.suppress(RedisError, OSError):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     async def _poll_loop(self) -> None:
         while True:
             await asyncio.sleep(self.poll)
             for topic in list(self._watchers):
                 try:
-                    now = await self._read(topic)
+                    with self._reading(topic) as touched:
+                        now = await self._read(topic)
                 except (RedisError, OSError) as exc:
                     log.warning("presence of %r not read from Redis: %s", topic, exc)
                     break
-                before = self._seen.get(topic)
-                if before is None or topic not in self._watchers:
+                seen = self._seen.get(topic)
+                if seen is None:
                     continue  # unwatched meanwhile
-                joins = [m for c, m in now.items() if c not in before]
-                leaves = [m for c, m in before.items() if c not in now]
-                self._seen[topic] = now
+                # Only what no event told: a dead process's expired members,
+                # and changes whose event was lost.
+                joins = [m for c, m in now.items() if c not in seen and c not in touched]
+                leaves = [m for c, m in seen.items() if c not in now and c not in touched]
+                for m in joins:
+                    seen[m.client] = m
+                for m in leaves:
+                    del seen[m.client]
                 if joins or leaves:
                     self._tell(topic, joins, leaves)
 
     def close(self) -> None:
-        """Stop renewing and reading; this process's members expire (or were left)."""
+        """Stop writing, renewing and reading; this process's members expire."""
         for task in self._tasks:
             task.cancel()
 
     async def aclose(self) -> None:
-        """:meth:`close`, and take this process's members out of Redis at once."""
+        """:meth:`close`, and take this process's members out of Redis at once.
+
+        What was still queued is written first; every member still here is
+        then told as a leave to the other processes.
+        """
         self.close()
+        batch: list[tuple[str, Member, bool] | None] = []
+        while not self._writes.empty():
+            item = self._writes.get_nowait()
+            if item is not None:
+                batch.append(item)
         with contextlib.suppress(RedisError, OSError):
             async with self.redis.pipeline(transaction=False) as pipe:
+                self._add_writes(pipe, batch)
                 for topic, members in self.local.items():
                     zkey, hkey = self._keys(topic)
                     if members:
                         pipe.zrem(zkey, *members)
                         pipe.hdel(hkey, *members)
+                    for member in members.values():
+                        event = self._encode(member, topic=topic, kind="leave")
+                        pipe.publish(self.channel, event)
                 await pipe.execute()
         with contextlib.suppress(RedisError, OSError):
             await self.redis.aclose()

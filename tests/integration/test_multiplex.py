@@ -347,6 +347,50 @@ async def test_presence_refusals(deployment: Deployment) -> None:
         assert status == 401
 
 
+def told(frame: dict[str, Any], user: str) -> list[tuple[str, str]]:
+    """("join" | "leave", member id) of ``user``'s members in a join, leave or presence frame."""
+    if frame["op"] in ("join", "leave"):
+        return [(frame["op"], frame["client"])] if frame["user"] == user else []
+    found = [("join", m["client"]) for m in frame["joins"] if m["user"] == user]
+    return found + [("leave", m["client"]) for m in frame["leaves"] if m["user"] == user]
+
+
+async def test_short_memberships_are_told_as_a_join_and_a_leave_on_every_process(
+    two: Deployment,
+) -> None:
+    """A subscription opened and closed at once on B: a watcher on A and one on B
+    are each told its join and then its leave, however short it was."""
+    d = two
+    topic = unique("room")
+    await d.configure(topic, presence=True)
+    rounds = 20
+    churner = mint("churner", [f"subscribe:{topic}"])
+    watchers = []
+    for gw in (d.pub, d.sub):
+        watcher = await Socket.open(f"{gw.ws}/ws/", mint("watcher", [f"subscribe:{topic}"]))
+        watchers.append(watcher)
+        reply = await watcher.request({"op": "subscribe", "topic": topic, "presence": True})
+        assert reply["op"] == "subscribed"
+        assert (await next_presence(watcher))["op"] == "presence"
+    try:
+        async with await Socket.open(f"{d.sub.ws}/ws/", churner) as s:
+            for _ in range(rounds):
+                assert (await s.request({"op": "subscribe", "topic": topic}))["op"] == "subscribed"
+                reply = await s.request({"op": "unsubscribe", "topic": topic})
+                assert reply["op"] == "unsubscribed"
+        for watcher in watchers:
+            events: list[tuple[str, str]] = []
+            while len(events) < 2 * rounds:
+                events += told(await next_presence(watcher), "churner")
+            joins = [c for kind, c in events if kind == "join"]
+            assert len(set(joins)) == rounds, events
+            # Each membership whole and in order: its join, then its leave.
+            assert events == [(kind, c) for c in joins for kind in ("join", "leave")], events
+    finally:
+        for watcher in watchers:
+            await watcher.close()
+
+
 @pytest.mark.slow
 async def test_a_killed_process_members_leave_within_30_seconds(
     redis_url: str, tmp_path: Path
