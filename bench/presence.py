@@ -9,11 +9,11 @@ Three phases in one run, on one PostgreSQL database (127.0.0.1:5432):
 - **one**: one gateway process (daphne), no Redis: presence lives in the
   process and joins and leaves are told at once;
 - **two**: two gateway processes sharing Redis (``REDIS_URL``,
-  127.0.0.1:6379): presence is written to Redis and each process with
-  watchers reads a watched topic's members every 0.5 s and tells the
-  difference;
+  127.0.0.1:6379): presence is written to Redis in batches, each join and
+  leave is published as an event that the other process tells its watchers,
+  and a slower poll (2 s) tells what expired (a dead process's members);
 - **two, held**: the same two processes, each membership held ``--hold``
-  seconds (longer than the 0.5 s poll) before it is closed.
+  seconds before it is closed (no churn backlog: clean delays).
 
 Each phase takes a fresh topic with presence on (``PATCH /api/topics/T
 {"presence": true}`` with an admin token), one watcher per process (a
@@ -24,7 +24,7 @@ again, each membership on the other process than the one before (on
 **one**, both sockets are on the one process); each frame waits for its
 reply. Joins + leaves per second is what the churners completed over the
 phase's time. Beside them on **one** and **two**, ``--probes`` churners
-hold each membership ``--hold`` seconds (longer than the 0.5 s poll), each
+hold each membership ``--hold`` seconds, each
 on a socket of its own whose ``sub`` is ``pI.K``: every one is told apart,
 so what a watcher missed of them and how late it was told of the others is
 exact while the churn runs (they are not counted in the rate).
