@@ -16,7 +16,7 @@ from typing import Any
 from leasecast.errors import LeasecastError, error_for_code
 from leasecast.link import http_url
 
-__all__ = ["http_get"]
+__all__ = ["http_call", "http_get"]
 
 
 def http_get(base: str, path: str, token: str, timeout: float = 30.0) -> Any:
@@ -37,6 +37,17 @@ def http_get(base: str, path: str, token: str, timeout: float = 30.0) -> Any:
     """
     url = http_url(base, path)
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    return http_call(request, timeout)
+
+
+def http_call(request: urllib.request.Request, timeout: float) -> Any:
+    """Send ``request`` to the gateway's HTTP API; its decoded JSON answer.
+
+    Raises:
+        ProtocolError: the gateway answered with an error status (its ``error`` code).
+        LeasecastError: the gateway could not be reached or did not answer JSON.
+    """
+    url = request.full_url
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             raw = response.read()

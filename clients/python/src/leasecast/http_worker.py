@@ -31,7 +31,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from leasecast.errors import LeasecastError, StaleReceipt, error_for_code
+from leasecast.api import http_call
+from leasecast.errors import LeasecastError, StaleReceipt
 from leasecast.link import http_url, name_path
 
 __all__ = ["Ended", "HttpDelivery", "HttpWorker"]
@@ -161,19 +162,7 @@ class HttpWorker:
             method="POST",
             headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
         )
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                raw = response.read()
-        except urllib.error.HTTPError as err:
-            raise _http_error(err) from err
-        except urllib.error.URLError as err:
-            raise LeasecastError(f"cannot reach {url}: {err.reason}") from err
-        except OSError as err:  # a timeout or reset while reading the answer
-            raise LeasecastError(f"cannot reach {url}: {err}") from err
-        try:
-            answer = json.loads(raw)
-        except ValueError as err:
-            raise LeasecastError(f"{url} did not answer JSON") from err
+        answer = http_call(request, timeout)
         if not isinstance(answer, dict):
             raise LeasecastError(f"{url} did not answer a JSON object")
         return answer
@@ -279,14 +268,3 @@ class HttpWorker:
                 if ended.stale:
                     log.warning("%d leases had ended before their ack", len(ended.stale))
         return handled
-
-
-def _http_error(err: urllib.error.HTTPError) -> LeasecastError:
-    # The API answers {"error": CODE, "detail": ...}; a proxy in between may not.
-    try:
-        body = json.loads(err.read())
-    except (ValueError, OSError):
-        body = None
-    if isinstance(body, dict) and isinstance(body.get("error"), str):
-        return error_for_code(body["error"], str(body.get("detail") or ""))
-    return LeasecastError(f"HTTP {err.code} {err.reason}")
