@@ -11,6 +11,7 @@ from __future__ import annotations
 from leasecast.errors import (
     Backpressure,
     BadFrame,
+    Cancelled,
     ClientError,
     ConnectionClosed,
     Forbidden,
@@ -31,6 +32,7 @@ from leasecast.errors import (
 __all__ = [
     "Backpressure",
     "BadFrame",
+    "Cancelled",
     "ClientError",
     "ConnectionClosed",
     "Forbidden",
