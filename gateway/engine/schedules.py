@@ -157,6 +157,16 @@ class Scheduler:
         self._executor.submit(self._drop_store)
         self._executor.shutdown(wait=False, cancel_futures=False)
 
+    async def aclose(self, wait: float = 10.0) -> None:
+        """:meth:`close`, then wait (at most ``wait`` seconds) for the thread to
+        finish its turn and close its connection. A runtime closed before its
+        database goes (tests, a process shutting down) must not leave the
+        thread running a statement on a connection torn down under it: on an
+        in-memory SQLite database that crashed the process."""
+        self.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.to_thread(self._executor.shutdown, wait=True), wait)
+
     # -- on the scheduler's thread
 
     def _open(self) -> Store:

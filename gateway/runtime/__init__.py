@@ -151,7 +151,7 @@ class Runtime:
             await self.streams.close()
         if self.channel is not None:
             self.channel.close()
-        self.schedules.close()
+        await self.schedules.aclose()
         self.engine.close()
         self.metrics.close()
         if _runtimes.get(self.loop) is self:
