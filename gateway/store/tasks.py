@@ -16,7 +16,51 @@ import orjson
 from gateway.core.protocol import TaskOutcome
 from gateway.store.txn import Txn
 
-__all__ = ["forget_results", "record"]
+__all__ = ["create", "forget_results", "record"]
+
+
+def create(
+    txn: Txn,
+    result_id: str,
+    *,
+    backend: str,
+    task_path: str,
+    queue: str,
+    priority: int,
+    args_json: bytes,
+    kwargs_json: bytes,
+    message_id: int,
+    enqueued_at: float,
+    run_after: float | None,
+) -> None:
+    """Insert a task's result row (READY, no attempts yet) in the enqueuer's transaction.
+
+    The row of ``gateway.models.TaskRecord`` that the ORM would write, in one
+    statement without building a model instance (every enqueue pays for it).
+    ``args_json`` and ``kwargs_json`` are the JSON texts of the arguments.
+    """
+    cast = txn.dialect.json_param
+    txn.exec(
+        "INSERT INTO leasecast_task (id, backend, task_path, queue, priority, args, kwargs, "
+        "status, message_id, enqueued_at, run_after, started_at, finished_at, "
+        "last_attempted_at, return_value, errors, worker_ids) "
+        f"VALUES (%s, %s, %s, %s, %s, {cast}, {cast}, 'READY', %s, %s, %s, "
+        f"NULL, NULL, NULL, NULL, {cast}, {cast})",
+        (
+            result_id,
+            backend,
+            task_path,
+            queue,
+            priority,
+            args_json.decode(),
+            kwargs_json.decode(),
+            message_id,
+            enqueued_at,
+            run_after,
+            "[]",
+            "[]",
+        ),
+    )
 
 
 def record(txn: Txn, msg_id: int, outcome: TaskOutcome) -> bool:
