@@ -286,7 +286,9 @@ def database(var: Path, engine: str) -> Iterator[dict[str, str]]:
         yield env
 
 
-def leasecast(engine: str, layout: str, args: argparse.Namespace) -> Result:
+def leasecast(
+    engine: str, layout: str, args: argparse.Namespace, multiplier: int | None = None
+) -> Result:
     queue = f"bench-{int(time.time() * 1000)}"
     with (
         scratch(f"leasecast-bench-tasks-{engine}-") as var,
@@ -302,6 +304,8 @@ def leasecast(engine: str, layout: str, args: argparse.Namespace) -> Result:
         workers = Processes(var)
         stack.callback(workers.stop)
         worker_env = {**site, "LEASECAST_URL": gateway.http, "LEASECAST_TOKEN": token}
+        if multiplier is not None:
+            worker_env["LEASECAST_WORKER_PREFETCH_MULTIPLIER"] = str(multiplier)
         # processes: N workers that run one task at a time; threads: one with N threads.
         per_worker = args.concurrency if layout == "threads" else 1
         count = args.concurrency // per_worker
@@ -329,6 +333,8 @@ def leasecast(engine: str, layout: str, args: argparse.Namespace) -> Result:
         report = produce("leasecast", queue, site, args, workers, watch, profiler)
         after = store_figures(gateway, admin)
     shape = f"{count} x leasecast_worker --concurrency {per_worker}"
+    if multiplier is not None:
+        shape += f", prefetch multiplier {multiplier}"
     result = result_of("leasecast", engine, layout, shape, report, args.rate)
     tasks = sum(phase["tasks"] for phase in report.values())
     result.store_batches_per_task = (after[0] - before[0]) / tasks
@@ -540,9 +546,11 @@ def jobs_of(args: argparse.Namespace, engines: list[str]) -> list[tuple[str, Any
                 jobs.append((f"celery-{layout}", partial(celery, layout, args)))
                 continue
             for engine in engines:
-                jobs.append(
-                    (f"leasecast-{engine}-{layout}", partial(leasecast, engine, layout, args))
-                )
+                for multiplier in args.prefetch_multiplier or [None]:
+                    name = f"leasecast-{engine}-{layout}"
+                    if multiplier is not None:
+                        name += f"-m{multiplier}"
+                    jobs.append((name, partial(leasecast, engine, layout, args, multiplier)))
     return jobs
 
 
@@ -582,6 +590,13 @@ def main(argv: list[str] | None = None) -> None:
         "--rounds", type=int, default=3, help="every system this many times, in rotation"
     )
     parser.add_argument("--concurrency", type=int, default=4, help="N: tasks at once")
+    parser.add_argument(
+        "--prefetch-multiplier",
+        metavar="M[,M...]",
+        help="Leasecast workers hold up to M x N leases (LEASECAST_WORKER_PREFETCH_MULTIPLIER; "
+        "default: the worker's default); several values: one Leasecast job each, in the "
+        "same rounds",
+    )
     parser.add_argument("--warmup", type=int, default=500)
     parser.add_argument("--paced", type=int, default=300, help="tasks in the paced round")
     parser.add_argument("--rate", type=float, default=50.0, help="paced tasks a second")
@@ -615,6 +630,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.postgres:
         args.database = "postgres"
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    try:
+        args.prefetch_multiplier = [
+            int(m) for m in (args.prefetch_multiplier or "").split(",") if m.strip()
+        ]
+    except ValueError:
+        parser.error(f"--prefetch-multiplier: not integers: {args.prefetch_multiplier!r}")
     if args.quick:
         args.tasks, args.warmup, args.paced, args.rounds = 1_000, 100, 100, 1
     started = time.time()

@@ -49,8 +49,11 @@ from gateway.core.history import DEFAULT_TOPIC_SETTINGS, TopicSettings
 
 __all__ = [
     "CANCELLED_PATH",
+    "DEFAULT_PREFETCH_MULTIPLIER",
+    "MAX_PREFETCH_MULTIPLIER",
     "MAX_TASK_ID",
     "MAX_TASK_PATH",
+    "PREFETCH_SETTING",
     "SEND_ATTEMPTS",
     "SETTLEMENTS",
     "TASK_MODULES_SETTING",
@@ -83,6 +86,7 @@ __all__ = [
     "error_of",
     "failed",
     "keep_alive_period",
+    "leases_held",
     "outcome_update",
     "progress_update",
     "refused",
@@ -99,6 +103,12 @@ MAX_TASK_ID = 64
 MAX_TASK_PATH = 400
 #: The Django setting that names task modules beyond the installed apps' ``tasks``.
 TASK_MODULES_SETTING = "LEASECAST_TASK_MODULES"
+#: The Django setting of the worker's prefetch multiplier (:func:`leases_held`).
+PREFETCH_SETTING = "LEASECAST_WORKER_PREFETCH_MULTIPLIER"
+#: Leases a worker holds per task it can run, unless the setting says otherwise.
+DEFAULT_PREFETCH_MULTIPLIER = 4
+#: The largest multiplier taken.
+MAX_PREFETCH_MULTIPLIER = 100
 #: How much of an original traceback a refused outcome keeps.
 _KEPT_TRACEBACK = 8 * 1024
 #: Sends of one settlement while the gateway answers ``unavailable`` or ``backpressure``.
@@ -612,18 +622,35 @@ class LimitCache:
         return cached[1] if cached is not None else None
 
 
-def split_prefetch(concurrency: int, queues: int) -> list[int]:
-    """Each queue's socket ``prefetch``: ``concurrency`` leases in all when possible.
+def split_prefetch(held: int, queues: int) -> list[int]:
+    """Each queue's socket ``prefetch``: ``held`` leases in all when possible.
 
-    A worker never holds more leases than it can run, so messages do not wait
-    in one worker while another idles; with more queues than ``concurrency``
-    each socket still needs one (the extra held messages wait their turn with
-    their leases extended).
+    ``held`` is what the worker may hold at once (:func:`leases_held`); with
+    more queues than that each socket still needs one. Messages held beyond
+    the tasks running wait their turn with their leases extended.
     """
     if queues <= 0:
         return []
-    share, extra = divmod(concurrency, queues)
+    share, extra = divmod(held, queues)
     return [max(1, share + (1 if i < extra else 0)) for i in range(queues)]
+
+
+def leases_held(concurrency: int, multiplier: int) -> int:
+    """The leases a worker may hold at once: ``multiplier`` x ``concurrency``.
+
+    Raises:
+        ValueError: ``multiplier`` is not an int from 1 to :data:`MAX_PREFETCH_MULTIPLIER`.
+    """
+    if (
+        isinstance(multiplier, bool)
+        or not isinstance(multiplier, int)
+        or not 1 <= multiplier <= MAX_PREFETCH_MULTIPLIER
+    ):
+        raise ValueError(
+            f"{PREFETCH_SETTING} must be an int from 1 to {MAX_PREFETCH_MULTIPLIER}, "
+            f"got {multiplier!r}"
+        )
+    return concurrency * multiplier
 
 
 # -- the task's topic ---------------------------------------------------------------

@@ -51,7 +51,9 @@ from leasecast import Delivery, Worker, backoff_delays, http_get
 
 from gateway.core.errors import ConnectionClosed, LeasecastError, ProtocolError, StaleReceipt
 from gateway.core.task_decisions import (
+    DEFAULT_PREFETCH_MULTIPLIER,
     MAX_TASK_ID,
+    PREFETCH_SETTING,
     SETTLEMENTS,
     TASK_MODULES_SETTING,
     Abandoned,
@@ -79,6 +81,7 @@ from gateway.core.task_decisions import (
     error_of,
     failed,
     keep_alive_period,
+    leases_held,
     outcome_update,
     refused,
     split_prefetch,
@@ -107,6 +110,7 @@ __all__ = [
     "discover_registry",
     "error_of",
     "failed",
+    "prefetch_multiplier_setting",
     "refused",
     "registry_of_modules",
     "split_prefetch",
@@ -191,6 +195,29 @@ def discover_registry() -> TaskRegistry:
     return registry
 
 
+def prefetch_multiplier_setting() -> int:
+    """``LEASECAST_WORKER_PREFETCH_MULTIPLIER``: the Django setting, else the
+    environment variable of that name, else the default.
+
+    Raises:
+        ImproperlyConfigured: the value is not an int from 1 to 100.
+    """
+    from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
+
+    value: Any = getattr(settings, PREFETCH_SETTING, None) if settings.configured else None
+    if value is None:
+        text = os.environ.get(PREFETCH_SETTING, "").strip()
+        if not text:
+            return DEFAULT_PREFETCH_MULTIPLIER
+        value = int(text) if text.isdigit() else text
+    try:
+        leases_held(1, value)
+    except ValueError as exc:
+        raise ImproperlyConfigured(str(exc)) from exc
+    return int(value)
+
+
 def context_for(task: Any, message: TaskMessage, attempt: Attempt) -> Any:
     """The ``TaskContext`` a ``takes_context`` task receives (as ImmediateBackend builds it).
 
@@ -247,11 +274,22 @@ class TaskWorker:
         queues: the queues to consume (at least one).
         concurrency: most tasks running at once, across queues; also the
             number of threads for sync tasks.
+        prefetch_multiplier: the worker holds up to ``prefetch_multiplier`` x
+            ``concurrency`` leases (messages waiting here for a free slot
+            have their leases extended); default the
+            ``LEASECAST_WORKER_PREFETCH_MULTIPLIER`` setting, else
+            :data:`~gateway.core.task_decisions.DEFAULT_PREFETCH_MULTIPLIER`.
+            1: no more leases than it runs.
         grace: seconds running tasks may take to finish after :meth:`stop`.
         policy: the retry backoff.
         worker_id: recorded with each attempt (default ``host:pid``).
         registry: the tasks it runs (default :func:`discover_registry`,
             which needs Django's settings).
+
+    Raises:
+        ValueError: no queue, or a concurrency or multiplier out of range.
+        ImproperlyConfigured: the registry's modules or the multiplier
+            setting (see :func:`discover_registry`, :func:`prefetch_multiplier_setting`).
         settings_ttl: seconds a queue's ``max_deliveries`` is cached.
         backoff_initial, backoff_max: reconnect backoff of the sockets.
         publisher: publishes to the tasks' topics (default: a producer
@@ -265,6 +303,7 @@ class TaskWorker:
         token: str,
         queues: Sequence[str],
         concurrency: int = DEFAULT_CONCURRENCY,
+        prefetch_multiplier: int | None = None,
         grace: float = DEFAULT_GRACE,
         policy: RetryPolicy = DEFAULT_RETRY_POLICY,
         worker_id: str | None = None,
@@ -282,6 +321,10 @@ class TaskWorker:
         self.url = url
         self.queues = list(dict.fromkeys(queues))
         self.concurrency = concurrency
+        if prefetch_multiplier is None:
+            prefetch_multiplier = prefetch_multiplier_setting()
+        #: the leases held at most, across queues (running and waiting for a slot)
+        self.prefetch = leases_held(concurrency, prefetch_multiplier)
         self.grace = grace
         self.policy = policy
         self.worker_id = worker_id or default_worker_id()
@@ -360,14 +403,16 @@ class TaskWorker:
                 backoff_max=self._backoff[1],
             )
             for queue, prefetch in zip(
-                self.queues, split_prefetch(self.concurrency, len(self.queues)), strict=True
+                self.queues, split_prefetch(self.prefetch, len(self.queues)), strict=True
             )
         ]
         log.info(
-            "worker %s: queues %s, concurrency %d, gateway %s; %d task(s) registered from %s",
+            "worker %s: queues %s, concurrency %d (holding up to %d), gateway %s; "
+            "%d task(s) registered from %s",
             self.worker_id,
             ", ".join(self.queues),
             self.concurrency,
+            self.prefetch,
             self.url,
             len(self.registry),
             ", ".join(self.registry.modules) or "no module",

@@ -400,6 +400,41 @@ def test_a_long_task_keeps_its_lease_and_a_killed_worker_s_task_runs_again(
     assert result["worker_ids"][-1].endswith(f":{second.pid}")
 
 
+@pytest.mark.parametrize("multiplier", [1, 3])
+def test_a_worker_holds_its_prefetch_and_keeps_the_waiting_leases(
+    tw: Site, tmp_path: Path, multiplier: int
+) -> None:
+    """Concurrency 1 and LEASECAST_WORKER_PREFETCH_MULTIPLIER M: M leases held,
+    one task running; the waiting ones keep their leases (extended, though the
+    lease is 1 s) and run in turn, each once."""
+    q = unique("tw")
+    tw.configure(q, visibility_timeout=1)
+    mark, release = tmp_path / "marks", tmp_path / "release"
+    ids = [tw.driver.enqueue("block", q, str(mark), str(release)) for _ in range(4)]
+    worker = tw.worker(q, concurrency=1, LEASECAST_WORKER_PREFETCH_MULTIPLIER=str(multiplier))
+    worker.wait_log(f"concurrency 1 (holding up to {multiplier})")
+    wait_until_blocking(lambda: marks(mark), "the first task to start")
+    wait_until_blocking(lambda: tw.queue(q)["in_flight"] == multiplier, f"{multiplier} leases held")
+    # Three lease lengths: leases not extended would have expired, and their
+    # messages been delivered again (started twice, or counted visible).
+    time.sleep(3)
+    doc = tw.queue(q)
+    assert (doc["in_flight"], doc["visible"]) == (multiplier, 4 - multiplier)
+    assert marks(mark) == [("start", worker.pid)]
+    release.touch()
+    results = tw.driver.finished(*ids)
+    assert [r["status"] for r in results] == ["SUCCESSFUL"] * 4
+    assert sorted(marks(mark)) == sorted([("start", worker.pid), ("end", worker.pid)] * 4)
+
+
+def test_a_prefetch_multiplier_out_of_range_stops_the_worker_at_start(tw: Site) -> None:
+    worker = tw.worker(unique("tw"), LEASECAST_WORKER_PREFETCH_MULTIPLIER="0")
+    assert worker.proc.wait(30) == 1
+    assert "LEASECAST_WORKER_PREFETCH_MULTIPLIER must be an int from 1 to 100, got 0" in (
+        worker.log_text()
+    )
+
+
 def test_sigterm_lets_the_running_task_finish_then_exits_0(tw: Site, tmp_path: Path) -> None:
     q = unique("tw")
     mark, release = tmp_path / "marks", tmp_path / "release"

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from gateway.core.task_decisions import (
+    DEFAULT_PREFETCH_MULTIPLIER,
     SEND_ATTEMPTS,
     Abandoned,
     Ack,
@@ -37,6 +38,7 @@ from gateway.core.task_decisions import (
     error_of,
     failed,
     keep_alive_period,
+    leases_held,
     refused,
     split_prefetch,
     succeeded,
@@ -265,6 +267,25 @@ def test_prefetch_is_shared_between_queues(
     concurrency: int, queues: int, prefetch: list[int]
 ) -> None:
     assert split_prefetch(concurrency, queues) == prefetch
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "multiplier", "held"), [(4, 1, 4), (4, 4, 16), (1, 100, 100), (3, 2, 6)]
+)
+def test_a_worker_holds_its_multiplier_times_its_concurrency(
+    concurrency: int, multiplier: int, held: int
+) -> None:
+    assert leases_held(concurrency, multiplier) == held
+
+
+@pytest.mark.parametrize("multiplier", [0, -1, 101, 2.0, "4", True, None])
+def test_a_multiplier_out_of_range_is_refused_by_name(multiplier: object) -> None:
+    with pytest.raises(ValueError, match="LEASECAST_WORKER_PREFETCH_MULTIPLIER must be an int"):
+        leases_held(4, multiplier)  # type: ignore[arg-type]
+
+
+def test_the_default_multiplier_is_within_range() -> None:
+    assert leases_held(1, DEFAULT_PREFETCH_MULTIPLIER) == DEFAULT_PREFETCH_MULTIPLIER
 
 
 # -- a run's result
