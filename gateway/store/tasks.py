@@ -66,40 +66,39 @@ def create(
 def record(txn: Txn, msg_id: int, outcome: TaskOutcome) -> bool:
     """Write ``outcome`` into the result of the task carried by message ``msg_id``.
 
+    One UPDATE: the attempt's worker id (and its error, if any) is appended
+    to the row's JSON lists by the database, without reading them first.
+
     Returns:
         Whether a result row was written (False: no such task, or pruned).
     """
-    row = txn.exec(
-        "SELECT errors, worker_ids FROM leasecast_task WHERE id = %s AND message_id = %s",
-        (outcome.task_id, msg_id),
-    ).fetchone()
-    if row is None:
-        return False
-    errors: list[Any] = _json(row[0]) or []
-    worker_ids: list[Any] = _json(row[1]) or []
+    postgres = txn.dialect.name == "postgresql"
+    if postgres:
+        append = "COALESCE({0}, '[]'::jsonb) || jsonb_build_array(CAST(%s AS {1}))"
+    else:
+        append = "json_insert(COALESCE({0}, '[]'), '$[#]', {1}(%s))"
+    params: list[Any] = [outcome.status]
+    sets = "status = %s, worker_ids = " + append.format("worker_ids", "text" if postgres else "")
+    params.append(outcome.worker_id)
     if outcome.error is not None:
         path, traceback = outcome.error
-        errors.append({"exception_class_path": path, "traceback": traceback})
-    worker_ids.append(outcome.worker_id)
-    finished = outcome.status != "READY"
-    cast = txn.dialect.json_param
-    txn.exec(
-        "UPDATE leasecast_task SET status = %s, "
-        f"errors = {cast}, worker_ids = {cast}, return_value = {cast}, "
+        sets += ", errors = " + append.format("errors", "jsonb" if postgres else "json")
+        params.append(orjson.dumps({"exception_class_path": path, "traceback": traceback}).decode())
+    params += [
+        outcome.return_json.decode() if outcome.return_json is not None else "null",
+        outcome.started_at,
+        outcome.started_at,
+        txn.now if outcome.status != "READY" else None,
+        outcome.task_id,
+        msg_id,
+    ]
+    written: int = txn.exec(
+        f"UPDATE leasecast_task SET {sets}, return_value = {txn.dialect.json_param}, "
         "started_at = COALESCE(started_at, %s), last_attempted_at = %s, finished_at = %s "
-        "WHERE id = %s",
-        (
-            outcome.status,
-            orjson.dumps(errors).decode(),
-            orjson.dumps(worker_ids).decode(),
-            outcome.return_json.decode() if outcome.return_json is not None else "null",
-            outcome.started_at,
-            outcome.started_at,
-            txn.now if finished else None,
-            outcome.task_id,
-        ),
-    )
-    return True
+        "WHERE id = %s AND message_id = %s",
+        tuple(params),
+    ).rowcount
+    return written > 0
 
 
 def forget_results(txn: Txn, older_than: float) -> int:
@@ -108,8 +107,3 @@ def forget_results(txn: Txn, older_than: float) -> int:
         "DELETE FROM leasecast_task WHERE finished_at <= %s", (txn.now - older_than,)
     ).rowcount
     return deleted
-
-
-def _json(value: Any) -> Any:
-    # SQLite hands JSON columns back as text, psycopg as decoded values.
-    return orjson.loads(value) if isinstance(value, str | bytes) else value
