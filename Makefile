@@ -32,12 +32,14 @@ $(RUN_STAMP): pyproject.toml clients/python/pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e ./clients/python -e .
 	touch $(RUN_STAMP)
 
-$(SPARK_STAMP): $(RUN_STAMP)
-	$(BIN)/pip install --quiet -e '.[spark]'
+# The Spark sink (clients/spark/, distribution `leasecast-spark`, import name
+# `spark_feed`) is the gateway's `spark` extra, given in the same pip call.
+$(SPARK_STAMP): $(RUN_STAMP) clients/spark/pyproject.toml
+	$(BIN)/pip install --quiet -e ./clients/spark -e '.[spark]'
 	touch $(SPARK_STAMP)
 
-$(DEV_STAMP): $(RUN_STAMP)
-	$(BIN)/pip install --quiet -e '.[dev]'
+$(DEV_STAMP): $(RUN_STAMP) clients/spark/pyproject.toml
+	$(BIN)/pip install --quiet -e ./clients/spark -e '.[dev]'
 	touch $(DEV_STAMP) $(SPARK_STAMP)
 
 ## What running needs (the runtime); `make dev` adds the test and benchmark tools.
@@ -75,7 +77,7 @@ lint: dev
 	$(BIN)/lint-imports
 
 typecheck: dev
-	$(BIN)/mypy gateway consumers dashboard bench spark_feed clients/python/src/leasecast
+	$(BIN)/mypy gateway consumers dashboard bench clients/spark/src/spark_feed clients/python/src/leasecast
 
 unit: dev
 	$(BIN)/pytest tests/unit -q

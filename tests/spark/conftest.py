@@ -43,7 +43,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def spark() -> Iterator[Any]:
     """One local Spark session for the whole test run (it takes seconds to start)."""
     from pyspark.sql import SparkSession
-
     from spark_feed.sink import LeasecastDataSource
 
     # Spark's Python workers must run this interpreter (it has the sink and pyarrow).

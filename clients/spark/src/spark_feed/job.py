@@ -110,7 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=10,
         help="restart a failed query from its checkpoint this many times (default 10)",
     )
-    run_group.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    run_group.add_argument(
+        "--master",
+        help="Spark master, e.g. spark://HOST:7077 (default: spark-submit's --master when "
+        "submitted with it, else local[2])",
+    )
     run_group.add_argument(
         "--spark-log-level",
         default="FATAL",
@@ -143,17 +147,37 @@ def check_gateway(url: str, token: str, path: str) -> str | None:
         return f"the gateway at {url} does not answer yet ({err}); batches will be retried"
 
 
-def spark_session(master: str, log_level: str = "FATAL") -> SparkSession:
-    """A Spark session with the Leasecast sink registered."""
+def submitted() -> bool:
+    """Whether spark-submit started this process (its JVM is already there)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def master_of(option: str | None) -> str | None:
+    """The master to ask for: ``--master``; else none under spark-submit (its
+    ``--master`` holds), else ``local[2]``."""
+    if option:
+        return option
+    return None if submitted() else "local[2]"
+
+
+def spark_session(master: str | None, log_level: str = "FATAL") -> SparkSession:
+    """A Spark session with the Leasecast sink registered.
+
+    ``master`` None keeps the master spark-submit was given.
+    """
     from pyspark.sql import SparkSession
 
     from spark_feed.sink import LeasecastDataSource
 
-    # Spark's Python workers must run this interpreter: it has the sink and pyarrow.
+    # Spark's Python workers (on every executor) run this interpreter unless
+    # PYSPARK_PYTHON (or spark-submit's spark.pyspark.python) names another:
+    # the sink and pyarrow must be installed in it, at that path on every node.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder
+    if master is not None:
+        builder = builder.master(master)
     session = (
-        SparkSession.builder.master(master)
-        .appName("leasecast-feed")
+        builder.appName("leasecast-feed")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")  # our own lines say more
         .config("spark.sql.shuffle.partitions", "2")
@@ -275,8 +299,13 @@ def run(ns: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     if ns.queue and (warning := check_gateway(ns.url, token, f"/api/queues/{ns.queue}")):
         print(f"warning: {warning}", file=out, flush=True)
     target = f"queue {ns.queue}" if ns.queue else f"topic {ns.topic}"
-    print(f"starting Spark ({ns.master}); writing to {target} at {ns.url}", file=out, flush=True)
-    spark = spark_session(ns.master, ns.spark_log_level)
+    master = master_of(ns.master)
+    print(
+        f"starting Spark ({master or 'spark-submit --master'}); writing to {target} at {ns.url}",
+        file=out,
+        flush=True,
+    )
+    spark = spark_session(master, ns.spark_log_level)
     # Reset when the query starts; a batch an earlier run left unfinished is
     # replayed first and is not this run's work (it must not end the run
     # early under --stop-after-rows).
