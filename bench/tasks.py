@@ -5,6 +5,7 @@
     python -m bench.tasks --database both        # SQLite and PostgreSQL in one run
     python -m bench.tasks --quick                # a smoke run, about 2 minutes
     python -m bench.tasks --profile DIR          # and py-spy profiles (bench.tasksite.profile)
+    python -m bench.tasks --prefetch-multiplier 1,4  # Leasecast workers holding N and 4 x N
 
 The same no-op task (it returns ``time.time()``, stored as its result) on
 each system, with the same concurrency ``N`` (``--concurrency``, default 4),
@@ -25,7 +26,9 @@ The systems:
 - **leasecast**: ``gateway.tasks.LeasecastBackend``; a gateway (daphne, or
   ``--server uvicorn``) on a fresh database; a result is stored when the
   gateway commits the worker's ack with its outcome (``leasecast_task``,
-  status SUCCESSFUL).
+  status SUCCESSFUL). Its workers hold up to ``M x N`` leases, ``M`` the
+  worker's prefetch multiplier (its default, 4, unless
+  ``--prefetch-multiplier`` names values: one job per value, each round).
 - **celery**: Redis broker and Redis result backend, Celery's defaults
   otherwise (acks on receipt, prefetch multiplier 4).
 - **django-tasks-db**: ``django_tasks_db.DatabaseBackend`` on a fresh

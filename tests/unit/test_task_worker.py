@@ -110,6 +110,36 @@ def test_a_bad_task_modules_setting_is_a_clear_error(value: Any, detail: str) ->
     assert detail in str(caught.value)
 
 
+def _held(**kwargs: Any) -> int:
+    worker = TaskWorker(
+        "http://127.0.0.1:9", token="t", queues=["a", "b"], registry=REGISTRY, **kwargs
+    )
+    return worker.prefetch
+
+
+def test_a_worker_holds_its_multiplier_times_its_concurrency(monkeypatch: Any) -> None:
+    monkeypatch.delenv("LEASECAST_WORKER_PREFETCH_MULTIPLIER", raising=False)
+    assert _held(concurrency=3) == 12  # the default multiplier, 4
+    assert _held(concurrency=3, prefetch_multiplier=1) == 3
+    monkeypatch.setenv("LEASECAST_WORKER_PREFETCH_MULTIPLIER", "2")
+    assert _held(concurrency=3) == 6
+    with override_settings(LEASECAST_WORKER_PREFETCH_MULTIPLIER=5):  # before the environment
+        assert _held(concurrency=3) == 15
+
+
+@pytest.mark.parametrize("value", ["0", "101", "four", "-1", "2.5"])
+def test_a_bad_prefetch_multiplier_is_a_clear_error(monkeypatch: Any, value: str) -> None:
+    monkeypatch.setenv("LEASECAST_WORKER_PREFETCH_MULTIPLIER", value)
+    with pytest.raises(ImproperlyConfigured, match="must be an int from 1 to 100, got"):
+        _held()
+    setting = int(value) if value.isdigit() else value
+    with (
+        override_settings(LEASECAST_WORKER_PREFETCH_MULTIPLIER=setting),
+        pytest.raises(ImproperlyConfigured, match="LEASECAST_WORKER_PREFETCH_MULTIPLIER"),
+    ):
+        _held()
+
+
 def test_a_context_task_gets_its_result_and_attempt() -> None:
     message = TaskMessage("tests.tasksite.tasks.with_context", "r9", [], {"mark": None}, True)
     context = context_for(tasks.with_context, message, Attempt("r9", "host:1", 1000.0, 3))
