@@ -114,6 +114,22 @@ class ResumePosition:
             self.offset = offset
 
 
+def _message(
+    topic: str,
+    seq: int,
+    body: Any,
+    offset: int | None,
+    _new: Any = object.__new__,
+    _set: Any = object.__setattr__,
+) -> Message:
+    """``Message(topic, seq, body, offset)``, made without the frozen dataclass's
+    ``__init__`` (one field assignment checked at a time): once per message, it
+    was a visible part of a subscriber's CPU. The same object, equal and frozen."""
+    message: Message = _new(Message)
+    _set(message, "__dict__", {"topic": topic, "seq": seq, "body": body, "offset": offset})
+    return message
+
+
 def is_gap(frame: Subscribed, asked: dict[str, Any]) -> bool:
     """Whether a ``subscribed`` frame means messages were missed.
 
@@ -270,21 +286,36 @@ class Subscriber:
                 continue
             if op != "messages":
                 continue
-            self.position.messages(frame)
-            self.dropped += int(frame.get("dropped", 0))
+            position = self.position
+            position.messages(frame)
+            dropped = frame.get("dropped")
+            if dropped:
+                self.dropped += int(dropped)
+            topic = frame["topic"]
+            # The per-message work is inlined below (no call per message but
+            # the yield): a subscriber's CPU per message is what limits it
+            # beside a fast gateway (docs/benchmarks.md, "Fan-out").
+            half = max(1, self._window // 2)
             for item in frame["items"]:
                 offset = item.get("offset")
-                offset = int(offset) if offset is not None else None
-                if self.position.seen(offset):
-                    # Published before this subscription started (the latest
-                    # message recover=latest replays), or already yielded.
-                    await self._consumed_one(link)
-                    continue
-                # Counted before the yield: a message handed to the caller is
-                # consumed, even if the caller stops iterating right after.
-                self.position.consumed(offset)
-                yield Message(frame["topic"], item["seq"], item["body"], offset)
-                await self._consumed_one(link)
+                if offset is not None:
+                    offset = int(offset)
+                    if position.offset is not None and offset <= position.offset:
+                        # Published before this subscription started (the
+                        # latest message recover=latest replays), or already
+                        # yielded: position.seen(offset).
+                        self._consumed += 1
+                        if self._consumed >= half:
+                            await self._grant(link)
+                        continue
+                    # Counted before the yield (position.consumed(offset)): a
+                    # message handed to the caller is consumed, even if the
+                    # caller stops iterating right after.
+                    position.offset = offset
+                yield _message(topic, item["seq"], item["body"], offset)
+                self._consumed += 1
+                if self._consumed >= half:
+                    await self._grant(link)
 
     async def _subscribed(self, frame: Subscribed) -> None:
         self.subscribed = frame
@@ -302,14 +333,12 @@ class Subscriber:
                 if inspect.isawaitable(result):
                     await result
 
-    async def _consumed_one(self, link: Link) -> None:
-        # Refill the window in halves: few credit frames, never a stall.
-        self._consumed += 1
-        if self._consumed >= max(1, self._window // 2):
-            grant, self._consumed = self._consumed, 0
-            # If the socket is closing, the reconnect starts a new window.
-            with contextlib.suppress(Exception):
-                await link.conn.send(f'{{"op":"credit","n":{grant}}}')
+    async def _grant(self, link: Link) -> None:
+        # The window is refilled in halves: few credit frames, never a stall.
+        grant, self._consumed = self._consumed, 0
+        # If the socket is closing, the reconnect starts a new window.
+        with contextlib.suppress(Exception):
+            await link.conn.send(f'{{"op":"credit","n":{grant}}}')
 
     async def _reconnect_with_backoff(self) -> None:
         link = await reopen(self._url(), self._token, *self._backoff, stop=self._stop)
