@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib
 import json
 import statistics
 import subprocess
@@ -362,6 +363,169 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# -- leasecast.Subscriber against a raw WebSocket subscriber (--clients)
+
+
+async def clients_run(args: argparse.Namespace) -> dict[str, Any]:
+    """``leasecast.Subscriber`` against bare WebSocket subscribers, on one gateway.
+
+    One daphne gateway on SQLite; each round runs every arm once, in rotated
+    order (each round starts one arm further on), with
+    :func:`bench.peers.base.fanout` (the headline's fan-out: N subscribers, one
+    publisher with 100 unconfirmed). Arms: ``raw`` (``/ws/topics/`` with
+    credit 1,000,000,000, frames parsed with orjson), ``subscriber`` (the
+    client as it comes: credit 256 granted back as it reads, one
+    :class:`leasecast.Message` per iteration) and ``subscriber:N`` (credit
+    N); ``subscriber@MODULE`` takes ``Subscriber`` from another module, e.g.
+    an earlier commit's client renamed (``git archive COMMIT
+    clients/python/src/leasecast``, the package and its imports renamed
+    ``leasecast_before``, on ``PYTHONPATH``). Besides deliveries/s: the
+    gateway's CPU and this load generator's per delivery (from ``/proc``),
+    which a shared machine moves less.
+    """
+    from leasecast import Subscriber
+
+    from bench.peers.base import PeerSubscriber, fanout
+    from bench.peers.leasecast import RawSocketFanout, _ClientSubscriber
+    from bench.procstat import cpu_of
+
+    class SubscriberArm(RawSocketFanout):
+        def __init__(
+            self, name: str, target: Target, pids: list[int], credit: int | None, module: str
+        ) -> None:
+            super().__init__(name, target, pids, f"{module}.Subscriber")
+            self.credit = credit
+            self.cls = importlib.import_module(module).Subscriber
+
+        async def subscriber(self, topic: str, expected: int, on_bodies: Any) -> PeerSubscriber:
+            token = self.target.headers["Authorization"].removeprefix("Bearer ")
+            options: dict[str, Any] = {} if self.credit is None else {"credit": self.credit}
+            sub = self.cls(
+                self.target.base,
+                topic,
+                token=token,
+                capacity=max(expected, 1024),
+                reconnect=False,
+                **options,
+            )
+            await sub.__aenter__()
+            return _IteratingSubscriber(sub, on_bodies, expected)
+
+    class _IteratingSubscriber(_ClientSubscriber):
+        """Reads as an application does (``async for``), and hands the send
+        times on every 64 messages and at the last one: the raw arm hands
+        them on once per frame, and a callback per message would measure
+        the benchmark's bookkeeping, not the client. (Latencies are read at
+        the hand-over, so they are a little longer than the raw arm's.)"""
+
+        def __init__(self, subscriber: Subscriber, on_bodies: Any, expected: int) -> None:
+            self.expected = expected
+            super().__init__(subscriber, on_bodies)
+
+        async def _read(self, on_bodies: Any) -> None:
+            sent: list[float] = []
+            left = self.expected
+            async for message in self.subscriber:
+                sent.append(message.body["t"])
+                left -= 1
+                if len(sent) >= 64 or left <= 0:
+                    on_bodies(sent)
+                    sent = []
+
+    rows: list[dict[str, Any]] = []
+    with ExitStack() as stack:
+        var = Path(tempfile.mkdtemp(prefix="leasecast-bench-clients-"))
+        env = stack.enter_context(sqlite_database(var))
+        gw = GatewayProcess(env, var, name="clients-daphne", server="daphne")
+        token = gw.issue_token("admin", name="bench")
+        gw.start()
+        stack.callback(gw.stop)
+        assert gw.proc is not None
+        pids = [gw.proc.pid]
+        target = Target("leasecast", gw.ws, {"Authorization": f"Bearer {token}"}, True)
+        arms: list[RawSocketFanout] = []
+        for name in args.arms:
+            if name == "raw":
+                arms.append(RawSocketFanout("raw", target, pids, "credit 1,000,000,000"))
+            elif name.startswith("subscriber"):
+                # subscriber[:CREDIT][@MODULE]
+                spec, _, module = name.partition("@")
+                credit = spec.partition(":")[2]
+                arms.append(
+                    SubscriberArm(
+                        name, target, pids, int(credit) if credit else None, module or "leasecast"
+                    )
+                )
+            else:
+                raise SystemExit(f"unknown arm {name!r} (raw, or subscriber[:CREDIT][@MODULE])")
+        n_msgs = max(50, args.deliveries // args.subscribers[0])
+        print("   warming up", file=sys.stderr, flush=True)
+        for arm in arms:
+            await fanout(arm, args.subscribers[0], max(50, n_msgs // 4))
+        for r in range(args.rounds):
+            k = r % len(arms)
+            for arm in arms[k:] + arms[:k]:
+                await asyncio.sleep(0.2)
+                gateway0, here0 = cpu_of(pids), time.process_time()
+                result = await fanout(arm, args.subscribers[0], n_msgs)
+                gateway_cpu, here_cpu = cpu_of(pids) - gateway0, time.process_time() - here0
+                delivered = max(1, result.delivered)
+                row = {
+                    "arm": arm.name,
+                    "round": r,
+                    "subscribers": result.subscribers,
+                    "messages": result.messages,
+                    "delivered": result.delivered,
+                    "deliveries_per_s": result.deliveries_per_s,
+                    "p50_ms": percentile(result.latencies, 0.5) * 1000,
+                    "p99_ms": percentile(result.latencies, 0.99) * 1000,
+                    "gateway_us_per_delivery": gateway_cpu / delivered * 1e6,
+                    "client_us_per_delivery": here_cpu / delivered * 1e6,
+                    "loadavg": Path("/proc/loadavg").read_text().split()[0],
+                }
+                rows.append(row)
+                print(
+                    f"   round {r + 1} {arm.name}: {row['deliveries_per_s']:,.0f} deliveries/s, "
+                    f"{result.delivered:,} of {result.subscribers * result.messages:,}, "
+                    f"gateway {row['gateway_us_per_delivery']:.2f} us, "
+                    f"client {row['client_us_per_delivery']:.2f} us per delivery",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    return {"clients": rows}
+
+
+def clients_table(rows: list[dict[str, Any]], arms: list[str]) -> str:
+    """Median (min-max) per arm, and each arm's ratio to ``raw`` taken per round."""
+
+    def spread(values: list[float], fmt: str) -> str:
+        if not values:
+            return "-"
+        med = fmt.format(statistics.median(values))
+        return f"{med} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+    raw = {r["round"]: r["deliveries_per_s"] for r in rows if r["arm"] == "raw"}
+    lines = [
+        "| subscriber | rounds | delivered (min) | deliveries/s | vs raw, per round "
+        "| gateway CPU us/delivery | client CPU us/delivery | p50 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for arm in arms:
+        mine = [r for r in rows if r["arm"] == arm]
+        if not mine:
+            continue
+        ratios = [r["deliveries_per_s"] / raw[r["round"]] for r in mine if raw.get(r["round"])]
+        lines.append(
+            f"| {arm} | {len(mine)} | {min(r['delivered'] for r in mine):,} "
+            f"| {spread([r['deliveries_per_s'] for r in mine], '{:,.0f}')} "
+            f"| {spread(ratios, '{:.2f}x')} "
+            f"| {spread([r['gateway_us_per_delivery'] for r in mine], '{:.2f}')} "
+            f"| {spread([r['client_us_per_delivery'] for r in mine], '{:.2f}')} "
+            f"| {spread([r['p50_ms'] for r in mine], '{:.0f}')} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m bench.fanout", description=__doc__.split("\n")[0]
@@ -372,11 +536,41 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--clients",
+        action="store_true",
+        help="instead: leasecast.Subscriber against raw sockets (--arms, --rounds; "
+        "the first --subscribers count, default 100 here)",
+    )
+    parser.add_argument("--arms", default="raw,subscriber", help="with --clients")
+    parser.add_argument("--rounds", type=int, default=5, help="with --clients")
     args = parser.parse_args(argv)
+    if args.clients and args.subscribers == parser.get_default("subscribers"):
+        args.subscribers = "100"
     args.subscribers = [int(x) for x in args.subscribers.split(",")]
     if args.quick:
         args.deliveries = 20_000
     started = time.time()
+    if args.clients:
+        args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+        load_before = Path("/proc/loadavg").read_text().split()[:3]
+        data = asyncio.run(clients_run(args))
+        load_after = Path("/proc/loadavg").read_text().split()[:3]
+        print(
+            f"\nSubscribers: {args.subscribers[0]} x "
+            f"{max(50, args.deliveries // args.subscribers[0]):,} messages, "
+            f"{args.rounds} rounds, arms in rotated order:\n"
+        )
+        print(clients_table(data["clients"], args.arms))
+        print(
+            f"\n({time.time() - started:.0f} s; load average {' '.join(load_before)} before, "
+            f"{' '.join(load_after)} after)"
+        )
+        if args.json:
+            args.json.write_text(
+                json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, **data}, indent=2)
+            )
+        return
     data = asyncio.run(run(args))
     rows = [Row(**r) for r in data["rows"]]
     print(f"\nFan-out, about {args.deliveries:,} deliveries per round:\n")

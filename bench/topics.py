@@ -128,16 +128,16 @@ class TreeGateway(GatewayProcess):
         return done.stdout
 
 
-def channels_relay(
-    stack: ExitStack, commit: str, redis_url: str, prefix: str, server: str, var: Path
-) -> Deployment:
-    """Processes A and B of ``commit``'s tree relaying topics over ``channels_redis``.
+def tree_processes(
+    stack: ExitStack, commit: str, redis_url: str, prefix: str, server: str, var: Path, label: str
+) -> tuple[TreeGateway, TreeGateway, dict[str, str]]:
+    """Processes A and B of ``commit``'s tree on one Redis (``prefix``), and their headers.
 
     Its own PostgreSQL database, migrated by that tree; stopped and dropped by ``stack``.
     """
     import psycopg
 
-    tree = var / f"tree-{commit}"
+    tree = var / f"tree-{label}-{commit}"
     tree.mkdir()
     archive = subprocess.run(
         ["git", "archive", commit], cwd=ROOT, capture_output=True, check=True
@@ -155,15 +155,34 @@ def channels_relay(
         REDIS_URL=redis_url,
         GATEWAY_REDIS_PREFIX=prefix,
     )
-    a = TreeGateway(tree, env, var, "relay-a", server)
-    b = TreeGateway(tree, env, var, "relay-b", server)
+    a = TreeGateway(tree, env, var, f"{label}-a", server)
+    b = TreeGateway(tree, env, var, f"{label}-b", server)
     a.manage("migrate", "--noinput", "-v0")
     token = a.manage("issue_token", "bench", "--scope", "admin").strip().splitlines()[-1]
     stack.callback(stop_all, (a, b))
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(GatewayProcess.start, (a, b)))
-    headers = {"Authorization": f"Bearer {token}"}
+    return a, b, {"Authorization": f"Bearer {token}"}
+
+
+def channels_relay(
+    stack: ExitStack, commit: str, redis_url: str, prefix: str, server: str, var: Path
+) -> Deployment:
+    """Processes A and B of ``commit``'s tree relaying topics over ``channels_redis``."""
+    a, b, headers = tree_processes(stack, commit, redis_url, prefix, server, var, "relay")
     return Deployment("channels-relay-two", a, b, headers, legacy=True)
+
+
+def before(
+    stack: ExitStack, commit: str, redis_url: str, prefix: str, server: str, var: Path
+) -> dict[str, Deployment]:
+    """``commit``'s tree on Redis, as ``before-redis-one`` and ``before-redis-two``
+    (the same shapes as this tree's), for resume measured before and after a change."""
+    a, b, headers = tree_processes(stack, commit, redis_url, prefix, server, var, "before")
+    return {
+        "before-redis-one": Deployment("before-redis-one", a, a, headers),
+        "before-redis-two": Deployment("before-redis-two", a, b, headers),
+    }
 
 
 def stop_all(processes: tuple[GatewayProcess, ...]) -> None:
@@ -212,6 +231,7 @@ class ResumeRow:
     first_live_s: float  # connect to the first live message
     replay_per_s: float  # missed / (connect to the last missed message)
     frames: int  # ``messages`` frames the replay came in
+    round_no: int = 0  # ratios pair the deployments of one round
 
 
 @dataclass
@@ -507,7 +527,7 @@ def rotated(items: list[Any], k: int) -> list[Any]:
 
 @contextmanager
 def deployments(
-    redis_url: str, server: str, channels_commit: str | None
+    redis_url: str, server: str, channels_commit: str | None, before_commit: str | None = None
 ) -> Iterator[dict[str, Deployment]]:
     """The deployments, the three of this tree on one fresh PostgreSQL database.
 
@@ -546,10 +566,12 @@ def deployments(
                 deps["channels-relay-two"] = channels_relay(
                     stack, channels_commit, redis_url, f"{prefix}old", server, var
                 )
+            if before_commit:
+                deps.update(before(stack, before_commit, redis_url, f"{prefix}before", server, var))
             yield deps
         finally:
             client = redis.Redis.from_url(redis_url)
-            for pattern in (f"{prefix}:*", f"{prefix}old*"):
+            for pattern in (f"{prefix}:*", f"{prefix}old*", f"{prefix}before*"):
                 keys = list(client.scan_iter(pattern))
                 if keys:
                     client.delete(*keys)
@@ -563,9 +585,12 @@ def log(row: Any) -> None:
 async def run(args: argparse.Namespace) -> Results:
     results = Results()
     names = ["embedded", "redis-one", "redis-two"]
-    with deployments(args.redis, args.server, args.channels_relay) as deps:
+    with deployments(args.redis, args.server, args.channels_relay, args.before) as deps:
         relay = ["channels-relay-two"] if args.channels_relay else []
-        for name in [] if args.quick else names + relay:  # a fresh process is slower at first
+        earlier = ["before-redis-one", "before-redis-two"] if args.before else []
+        for name in (
+            [] if args.quick or args.parts == ["resume"] else names + relay
+        ):  # a fresh process is slower at first
             await fanout(
                 deps[name], "warm-up", 0, args.subscribers, args.deliveries // 4, args.connect_limit
             )
@@ -584,14 +609,15 @@ async def run(args: argparse.Namespace) -> Results:
         for r in range(args.rounds):
             print(f"round {r + 1}/{args.rounds}", file=sys.stderr, flush=True)
 
-            for name in rotated(names, r):
+            for name in rotated(names + earlier, r) if "resume" in args.parts else []:
                 resumed = await attempt(
                     f"round {r + 1}, resume {name}",
                     resume_round(deps[name], args.missed, args.live_rate),
                 )
                 if isinstance(resumed, ResumeRow):
+                    resumed.round_no = r
                     results.resume.append(resumed)
-            for name in args.history_on:
+            for name in args.history_on if "history" in args.parts else []:
                 for size in rotated([0, args.history], r):
                     arm = "history-on" if size else "history-off"
                     fan = await attempt(
@@ -601,7 +627,7 @@ async def run(args: argparse.Namespace) -> Results:
                     )  # fmt: skip
                     if isinstance(fan, FanoutRow):
                         results.history.append(fan)
-            for name in rotated(names + relay, r):
+            for name in rotated(names + relay, r) if "deployments" in args.parts else []:
                 fan = await attempt(
                     f"round {r + 1}, fan-out {name}",
                     fanout(deps[name], name, 0, args.subscribers, args.deliveries,
@@ -652,6 +678,13 @@ def paired(
     return out
 
 
+def resume_ratios(rows: list[ResumeRow], base: str, other: str) -> list[float]:
+    """Per-round ratios of caught-up times, ``other / base``."""
+    a = {r.round_no: r.caught_up_s for r in rows if r.deployment == base}
+    b = {r.round_no: r.caught_up_s for r in rows if r.deployment == other}
+    return [b[k] / a[k] for k in sorted(a) if k in b and a[k]]
+
+
 def report(res: Results, args: argparse.Namespace) -> str:
     lines: list[str] = []
     add = lines.append
@@ -660,7 +693,7 @@ def report(res: Results, args: argparse.Namespace) -> str:
     add("| deployment | rounds | replayed | all in order, once | recovered | to subscribed ms "
         "| caught up ms | first live ms | replay msg/s |")  # fmt: skip
     add("|---|---:|---:|---|---|---:|---:|---:|---:|")
-    for name in ("embedded", "redis-one", "redis-two"):
+    for name in ("embedded", "redis-one", "redis-two", "before-redis-one", "before-redis-two"):
         rows = [r for r in res.resume if r.deployment == name]
         if not rows:
             continue
@@ -673,6 +706,13 @@ def report(res: Results, args: argparse.Namespace) -> str:
             f"| {spread([r.first_live_s * 1000 for r in rows], '{:,.0f}')} "
             f"| {spread([r.replay_per_s for r in rows], '{:,.0f}')} |"
         )
+    if args.before:
+        for name in ("redis-one", "redis-two"):
+            ratios = resume_ratios(res.resume, f"before-{name}", name)
+            add(f"\n- {name}: caught up, this tree / {args.before} = **{spread(ratios)}x** "
+                "per round (below 1: faster)")  # fmt: skip
+    if "history" not in args.parts and "deployments" not in args.parts:
+        return "\n".join(lines)
     add(f"\n2. Fan-out, {args.subscribers} subscribers, history_size 0 against "
         f"{args.history:,} (about {args.deliveries:,} deliveries per round):\n")  # fmt: skip
     add(
@@ -778,9 +818,20 @@ def main(argv: list[str] | None = None) -> None:
         metavar="COMMIT",
         help="also run this commit's channels_redis topic relay (two processes) in part 3",
     )
+    parser.add_argument(
+        "--before",
+        metavar="COMMIT",
+        help="also resume on this commit's tree on Redis (one process and two), same rounds",
+    )
+    parser.add_argument(
+        "--parts",
+        default="resume,history,deployments",
+        help="which measurements (comma-separated): resume, history, deployments",
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     if args.quick:
         args.rounds, args.missed, args.subscribers, args.deliveries = 1, 500, 10, 2_000
         args.paced_seconds = min(args.paced_seconds, 1.0)
