@@ -2,6 +2,7 @@
 
     python -m bench.latency_ab --before 2baa93c            # SQLite and PostgreSQL, 4 rounds
     python -m bench.latency_ab --before HEAD~3 --databases sqlite --rounds 2
+    python -m bench.latency_ab --before HEAD~1 --databases postgres --peers pgqueuer
 
 The earlier commit is checked out with ``git archive`` into a temporary
 directory and its gateway started from there (this tree's migrations and
@@ -9,10 +10,14 @@ client; only the server's code differs). Each round measures every system in
 alternation with :mod:`bench.headline`'s own code and sizes: a saturating
 work-queue run (``--cycles``, 4 producers x 500 unconfirmed, 4 workers x
 prefetch 100) and a paced latency run (``--latency-messages`` at
-``--latency-rate``, one producer) for ``before-DB``, ``after-DB``, NATS
-JetStream and RabbitMQ (skipped when their servers do not answer). Prints
-one Markdown row per system: p50 and p99 (median over rounds, range) and
-cycles/s (median, range); the JSON keeps every measurement.
+``--latency-rate``, one producer) for ``before-DB``, ``after-DB`` and the
+``--peers`` (NATS JetStream and RabbitMQ by default; pgqueuer and
+pgqueuer-batched on the same PostgreSQL server on request; skipped when
+their servers do not answer). Prints one Markdown row per system: p50 and
+p99 (median over rounds, range), cycles/s (median, range), the server's
+and PostgreSQL's CPU per cycle (medians, from ``/proc``), and with
+pgqueuer, each system's cycles/s over pgqueuer's of the same round; the
+JSON keeps every measurement.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from bench.headline import measure_cycles, measure_latency, postmaster_pid, rota
 from bench.peers import nats_js
 from bench.peers.base import QueuePeer
 from bench.peers.leasecast import LeasecastQueue
+from bench.peers.pgq import PgQueuerQueue, postgres_unavailable
 from bench.peers.rabbit import RabbitQueue, rabbit_unavailable
 from bench.workqueue import LeasecastTarget
 from tests.support.databases import ROOT, postgres_database, sqlite_database
@@ -89,10 +95,15 @@ async def run(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
         for database in args.databases.split(","):
             for label, root in (("before", before), ("after", ROOT)):
                 peers.append((start(stack, database, root, label), database == "postgres"))
-        if not nats_js.unavailable():
+        wanted = set(args.peers.split(",")) if args.peers else set()
+        if "nats-jetstream" in wanted and not nats_js.unavailable():
             peers.append((nats_js.JetStreamQueue(), False))
-        if not rabbit_unavailable():
+        if "rabbitmq" in wanted and not rabbit_unavailable():
             peers.append((RabbitQueue(), False))
+        for batch in (False, True):
+            name = "pgqueuer" + ("-batched" if batch else "")
+            if name in wanted and not postgres_unavailable():
+                peers.append((PgQueuerQueue(batch=batch), False))
         for peer, _ in peers:
             await peer.start()
         try:
@@ -132,16 +143,32 @@ def table(rows: dict[str, list[dict[str, Any]]]) -> str:
             f"({format(min(values), fmt)}-{format(max(values), fmt)})"
         )
 
+    def median(values: list[float | None], fmt: str) -> str:
+        known = [v for v in values if v is not None]
+        return format(statistics.median(known), fmt) if known else "n/a"
+
+    base = {r["round"]: r["cycles_per_s"] for r in rows["cycles"] if r["system"] == "pgqueuer"}
     lines = [
-        "| system | p50 ms (range) | p99 ms (range) | cycles/s (range) |",
-        "|---|---:|---:|---:|",
+        "| system | p50 ms (range) | p99 ms (range) | cycles/s (range) "
+        "| server CPU us/cycle | PostgreSQL CPU us/cycle | vs pgqueuer (per round) |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
-    for name in dict.fromkeys(r["system"] for r in rows["latency"]):
+    names = dict.fromkeys(r["system"] for r in rows["cycles"] + rows["latency"])
+    for name in names:
         latency = [r for r in rows["latency"] if r["system"] == name]
-        cycles = [r["cycles_per_s"] for r in rows["cycles"] if r["system"] == name]
+        mine = [r for r in rows["cycles"] if r["system"] == name]
+        ratios = [r["cycles_per_s"] / base[r["round"]] for r in mine if r["round"] in base]
+        versus = (
+            f"{statistics.median(ratios):.2f}x ({', '.join(f'{x:.2f}' for x in ratios)})"
+            if ratios
+            else "-"
+        )
         lines.append(
             f"| {name} | {spread([r['p50_ms'] for r in latency], '.2f')} "
-            f"| {spread([r['p99_ms'] for r in latency], '.1f')} | {spread(cycles, ',.0f')} |"
+            f"| {spread([r['p99_ms'] for r in latency], '.1f')} "
+            f"| {spread([r['cycles_per_s'] for r in mine], ',.0f')} "
+            f"| {median([r['server_us_per_cycle'] for r in mine], '.0f')} "
+            f"| {median([r['database_us_per_cycle'] for r in mine], '.0f')} | {versus} |"
         )
     return "\n".join(lines)
 
@@ -157,6 +184,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cycles", type=int, default=10_000)
     parser.add_argument("--latency-messages", type=int, default=2_000)
     parser.add_argument("--latency-rate", type=float, default=500.0)
+    parser.add_argument(
+        "--peers",
+        default="nats-jetstream,rabbitmq",
+        help="comma-separated, of: nats-jetstream, rabbitmq, pgqueuer, pgqueuer-batched",
+    )
     parser.add_argument("--json", type=Path, default=ROOT / "bench/results/latency_ab.json")
     args = parser.parse_args(argv)
     # bench.headline's workload, as its full run has it.
