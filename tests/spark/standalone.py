@@ -243,7 +243,6 @@ class HoldingProxy:
         self.rules: dict[tuple[str, int], bool] = {}  # (kind, batch) -> still armed
         self.held: list[Held] = []
         self.commits: list[tuple[str, int, bool]] = []
-        self.staged: list[tuple[str, int]] = []  # (txn, messages) per 200 answer to a PUT
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -295,9 +294,6 @@ class HoldingProxy:
                         if held.drop:
                             self.close_connection = True
                             return
-                elif response.status == 200 and self.command == "PUT":
-                    with proxy.lock:
-                        proxy.staged.append((txn, int(json.loads(data)["staged"])))
                 self.send_response(response.status)
                 for name, value in response.getheaders():
                     if name.lower() not in ("content-length", "transfer-encoding", "connection"):

@@ -165,8 +165,17 @@ def test_executor_and_driver_killed_mid_batch_on_a_cluster_every_row_once(tmp_pa
             delivered = Counter(drain_ids(site, token, queue))
             lost = set(range(ROWS)) - set(delivered)
             duplicates = {i: n for i, n in delivered.items() if n > 1}
+            print(
+                f"ledger: {confirmed} rows confirmed in {len(proxy.commits)} commit answers "
+                f"({sum(a for *_, a in proxy.commits)} already: the replay), "
+                f"{sum(delivered.values())} delivered, {len(lost)} lost, "
+                f"{sum(n - 1 for n in duplicates.values())} duplicates"
+            )
             assert (len(lost), duplicates) == (0, {}), (sorted(lost)[:20], duplicates)
             assert sum(delivered.values()) == ROWS
+        # One worker saw its executor die of the kill (exit status 137 is SIGKILL).
+        logs = [cluster.log(f"worker{n}") for n in (1, 2)]
+        assert sum("exitStatus 137" in log for log in logs) == 1, logs
     finally:
         for driver in drivers:
             if driver.proc.poll() is None:
