@@ -113,18 +113,20 @@ def lease(txn: Txn, op: Lease) -> LeaseResult:
             )
         limit_due = limits.wake_at(leased, wanted)
     if len(result.delivered) < op.n:
-        due = txn.exec(
-            "SELECT MIN(visible_at) FROM leasecast_message WHERE queue_id = %s AND state IN (1, 3)",
-            (q.id,),
-        ).fetchone()[0]
-        expiring = txn.exec(
-            "SELECT MIN(expires_at) FROM leasecast_message "
-            "WHERE queue_id = %s AND expires_at IS NOT NULL",
-            (q.id,),
-        ).fetchone()[0]
+        # One statement, one round trip: the next lease to time out or
+        # delayed message to come due, and the next ttl to run out.
+        due, expiring = txn.exec(_NEXT_DUE, (q.id, q.id)).fetchone()
         times = [t for t in (due, expiring, limit_due) if t is not None]
         result.next_due = min(times) if times else None
     return result
+
+
+_NEXT_DUE = (
+    "SELECT (SELECT MIN(visible_at) FROM leasecast_message "
+    "WHERE queue_id = %s AND state IN (1, 3)), "
+    "(SELECT MIN(expires_at) FROM leasecast_message "
+    "WHERE queue_id = %s AND expires_at IS NOT NULL)"
+)
 
 
 def _lease_into(
