@@ -217,7 +217,12 @@ async def measure_cycles(
     await asyncio.sleep(0.2)  # the previous measurement's connections closed
     load = loadavg()
     server0 = peer.server_cpu()
-    db0 = tree_cpu_seconds(postmaster) if postgres and postmaster else None
+    own_db = peer.database_cpu() if postgres else None
+    db0 = (
+        own_db
+        if own_db is not None
+        else (tree_cpu_seconds(postmaster) if postgres and postmaster else None)
+    )
     client0 = time.process_time()
     busy0 = machine_busy_seconds()
     wall0 = time.perf_counter()
@@ -232,7 +237,10 @@ async def measure_cycles(
     wall = time.perf_counter() - wall0  # the CPU readings' window: set-up and close included
     server1 = peer.server_cpu()
     server = server1 - server0 if server0 is not None and server1 is not None else None
-    db = tree_cpu_seconds(postmaster) - db0 if db0 is not None else None
+    db = None
+    if db0 is not None:
+        now = peer.database_cpu() if own_db is not None else tree_cpu_seconds(postmaster)
+        db = now - db0 if now is not None else None
     client = time.process_time() - client0
     others = max(0.0, machine_busy_seconds() - busy0 - client - (server or 0) - (db or 0))
     n = args.cycles

@@ -127,6 +127,11 @@ class QueuePeer(ABC):
         pids = self.server_pids()
         return cpu_of(pids) if pids else None
 
+    def database_cpu(self) -> float | None:
+        """CPU seconds so far of the PostgreSQL backends serving this system alone
+        (its own database's sessions), or None: then the whole server counts."""
+        return None
+
 
 async def queue_cycles(
     peer: QueuePeer,

@@ -33,6 +33,7 @@ from bench.peers.base import (
     PeerWorker,
     QueuePeer,
 )
+from bench.procstat import cpu_of
 from bench.workqueue import LeasecastTarget
 
 SQLITE_DURABILITY = (
@@ -44,6 +45,23 @@ POSTGRES_DURABILITY = (
     "`enqueued`/`acked` after the commit; synchronous_commit on: every group commit of "
     "enqueues and acks waits for the WAL fsync (lease rounds do not)"
 )
+
+
+def backends_cpu_seconds(database: str) -> float | None:
+    """CPU seconds so far of the PostgreSQL backends connected to ``database``
+    (None if the server cannot be asked)."""
+    try:
+        import psycopg
+
+        from tests.support.databases import PG_ADMIN_URL
+
+        with psycopg.connect(PG_ADMIN_URL, connect_timeout=3) as conn:
+            rows = conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s", (database,)
+            ).fetchall()
+    except Exception:
+        return None
+    return cpu_of(row[0] for row in rows)
 
 
 class _ClientProducer(PeerProducer):
@@ -103,6 +121,15 @@ class LeasecastQueue(QueuePeer):
     def server_pids(self) -> list[int]:
         proc = self.target.gateway.proc
         return [proc.pid] if proc is not None else []
+
+    def database_cpu(self) -> float | None:
+        """The CPU of the gateway's PostgreSQL sessions (its store's, its
+        listener's, its schedules'), which live as long as the gateway: other
+        databases on the same server (other people's tests) do not count."""
+        url = self.target.gateway.env.get("DATABASE_URL")
+        if not url:
+            return None
+        return backends_cpu_seconds(url.rsplit("/", 1)[-1].split("?")[0])
 
 
 # -- fan-out ------------------------------------------------------------------
