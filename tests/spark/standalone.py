@@ -226,7 +226,10 @@ TXN_PATH = re.compile(r"^/api/transactions/(?P<txn>[^/]+)/(?P<rest>.+)$")
 
 
 class HoldingProxy:
-    """An HTTP/1.1 proxy (keep-alive) in front of the gateway at ``upstream``.
+    """An HTTP/1.1 proxy (keep-alive) in front of a gateway.
+
+    It listens at once; requests wait until :meth:`connect` names the gateway
+    (so a driver can start while the gateway does).
 
     ``hold_stage(batch)`` holds the first ``PUT .../partitions/P`` of that
     micro-batch (transaction ``QUERY-BATCH``) before the gateway sees it;
@@ -237,8 +240,9 @@ class HoldingProxy:
     gave: ``(txn, committed, already)``.
     """
 
-    def __init__(self, upstream: str) -> None:
-        self.upstream = urlsplit(upstream).netloc
+    def __init__(self) -> None:
+        self.upstream = ""
+        self.connected = threading.Event()
         self.lock = threading.Lock()
         self.rules: dict[tuple[str, int], bool] = {}  # (kind, batch) -> still armed
         self.held: list[Held] = []
@@ -274,6 +278,7 @@ class HoldingProxy:
                         self.close_connection = True
                         return
                 if self.conn is None:
+                    proxy.connected.wait()
                     self.conn = http.client.HTTPConnection(proxy.upstream, timeout=60)
                 headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
                 try:
@@ -316,6 +321,11 @@ class HoldingProxy:
     @property
     def http(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def connect(self, upstream: str) -> None:
+        """Forward to the gateway at ``upstream`` (``http://HOST:PORT``) from now on."""
+        self.upstream = urlsplit(upstream).netloc
+        self.connected.set()
 
     def hold_stage(self, batch: int) -> None:
         with self.lock:
