@@ -123,31 +123,50 @@ return {epoch, last}
 """
 )
 
-#: Lua: up to ARGV[2] entries of the stream from id ARGV[1] on, as one string:
-#: per entry ``OFFSET,TIME,LENGTH:BODY``. One bulk reply instead of seven
-#: nested replies per entry: redis-py parses each reply element in Python
-#: (45-65 us an entry here, without hiredis), which was most of a replay's
-#: time (docs/benchmarks.md, "Topic streams").
-_RANGE = """
-local rows = redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', ARGV[2])
-local out, k = {}, 0
-for i = 1, #rows do
-  local id, fields = rows[i][1], rows[i][2]
-  local body, at = fields[2], fields[4]
-  if fields[1] ~= 'b' then
-    body, at = fields[4], fields[2]
+#: Lua: ``pack(rows)`` makes XRANGE's rows one string, per entry
+#: ``OFFSET,TIME,LENGTH:BODY`` (:func:`unpack_entries`). One bulk reply
+#: instead of seven nested replies per entry: redis-py parses each reply
+#: element in Python (45-65 us an entry here, without hiredis), which was
+#: most of a replay's time and capped what a stream reader could take
+#: (docs/benchmarks.md, "Topic streams").
+_PACK = """
+local function pack(rows)
+  local out, k = {}, 0
+  for i = 1, #rows do
+    local id, fields = rows[i][1], rows[i][2]
+    local body, at = fields[2], fields[4]
+    if fields[1] ~= 'b' then
+      body, at = fields[4], fields[2]
+    end
+    out[k + 1] = string.sub(id, string.find(id, '-', 1, true) + 1)
+    out[k + 2] = ','
+    out[k + 3] = at
+    out[k + 4] = ','
+    out[k + 5] = #body
+    out[k + 6] = ':'
+    out[k + 7] = body
+    k = k + 7
   end
-  out[k + 1] = string.sub(id, string.find(id, '-', 1, true) + 1)
-  out[k + 2] = ','
-  out[k + 3] = at
-  out[k + 4] = ','
-  out[k + 5] = #body
-  out[k + 6] = ':'
-  out[k + 7] = body
-  k = k + 7
+  return table.concat(out)
 end
-return table.concat(out)
 """
+
+#: Lua: up to ARGV[2] entries of the stream KEYS[1] from id ARGV[1] on, packed.
+_RANGE = _PACK + "return pack(redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', ARGV[2]))"
+
+#: Lua: the replication id, then, for each stream of KEYS, up to ARGV[1] of its
+#: entries from id ARGV[i + 1] on, packed: what a non-blocking XREAD of them
+#: gives, from the same server as the id.
+_READ = (
+    _PACK
+    + """
+local out = {string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)') or false}
+for i = 1, #KEYS do
+  out[i + 1] = pack(redis.call('XRANGE', KEYS[i], ARGV[i + 1], '+', 'COUNT', ARGV[1]))
+end
+return out
+"""
+)
 
 #: Lua: the replication id, exactly as the scripts read it.
 _SOURCE = "return string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)')"
@@ -203,6 +222,7 @@ class RedisTopics:
         self._range = self.redis.register_script(_RANGE)
         self._source_of = self.redis.register_script(_SOURCE)
         self._reader_source_of = self._reader_redis.register_script(_SOURCE)
+        self._reader_read = self._reader_redis.register_script(_READ)
         self._outbox: deque[Outgoing] = deque()
         self._waiting = 0  # messages in the outbox
         self._outbox_ready = asyncio.Event()
@@ -293,6 +313,7 @@ class RedisTopics:
 
     async def _send_loop(self) -> None:
         while True:
+            _raise_if_cancelled()
             await self._outbox_ready.wait()
             self._outbox_ready.clear()
             while self._outbox:
@@ -347,12 +368,12 @@ class RedisTopics:
         next_check = time.monotonic() + EPOCH_CHECK
         suspect = False  # a read failed: Redis may have restarted empty
         while True:
+            _raise_if_cancelled()
             if not self._positions:
                 self._changed.clear()
                 await self._changed.wait()
                 continue
             self._changed.clear()
-            streams: Any = {self._keys(t)[1]: f"0-{after}" for t, after in self._positions.items()}
             try:
                 if suspect:
                     # Before reading again: a Redis that lost its data has new
@@ -360,7 +381,7 @@ class RedisTopics:
                     await self._check_epochs()
                     suspect, backoff = False, 0.1
                     continue  # the followed set may have changed
-                source, result = await self._read_streams(streams)
+                source, result = await self._read_streams(dict(self._positions))
                 if source != self._source:
                     known, self._source = self._source, source
                     if known is not None:
@@ -384,11 +405,9 @@ class RedisTopics:
                 # resumes within a second of Redis (or a new master) answering.
                 backoff = min(backoff * 2, READ_RETRY_MAX)
                 continue
-            for key, rows in result or ():
-                topic = _topic_of(_text(key), self.prefix)
-                if topic not in self._positions or not rows:
+            for topic, entries in result:
+                if topic not in self._positions or not entries:
                     continue
-                entries = [_entry(entry_id, fields) for entry_id, fields in rows]
                 after = self._positions[topic]
                 self._positions[topic] = entries[-1].offset
                 self.read_count += len(entries)
@@ -400,14 +419,34 @@ class RedisTopics:
                     topic, entries, entries[0].offset - 1 if entries[0].offset > after + 1 else 0
                 )
 
-    async def _read_streams(self, streams: Any) -> tuple[str | None, Any]:
-        """The master's replication id and one blocking XREAD of ``streams``, both
-        from the same server (one connection)."""
+    async def _read_streams(
+        self, positions: dict[str, int]
+    ) -> tuple[str | None, list[tuple[str, list[Entry]]]]:
+        """The master's replication id and the entries of the followed streams
+        after ``positions`` (topic -> offset), both from the same server.
+
+        What is there already comes packed, from one script call
+        (``_READ``); only when there is nothing new does one blocking XREAD
+        wait (up to ``READ_BLOCK_MS``) for the next entries, which then come
+        as redis-py parses them (few: the ones that arrived meanwhile).
+        """
+        topics = list(positions)
+        keys = [self._keys(topic)[1] for topic in topics]
+        args: list[str | int] = [READ_COUNT, *(f"0-{positions[t] + 1}" for t in topics)]
+        source, *packed = await self._reader_read(keys=keys, args=args)
+        found = [(t, unpack_entries(p)) for t, p in zip(topics, packed, strict=True) if p]
+        if found:
+            return _optional_text(source), found
+        streams: Any = {key: f"0-{positions[t]}" for t, key in zip(topics, keys, strict=True)}
         async with self._reader_redis.pipeline(transaction=False) as pipe:
             await self._reader_source_of(client=pipe)
             pipe.xread(streams, count=READ_COUNT, block=READ_BLOCK_MS)
             source, result = await pipe.execute()
-        return _optional_text(source), result
+        read = [
+            (_topic_of(_text(key), self.prefix), [_entry(i, fields) for i, fields in rows])
+            for key, rows in result or ()
+        ]
+        return _optional_text(source), read
 
     async def _check_epochs(self) -> None:
         """Tell the broadcaster of followed topics whose epoch changed, vanished, or
@@ -433,6 +472,19 @@ class RedisTopics:
         known = self._epoch_of(topic)
         if known is not None and epoch != known:
             self._restart(topic)
+
+
+def _raise_if_cancelled() -> None:
+    """Raise CancelledError in a task asked to stop whose cancellation was lost.
+
+    redis-py sends with ``asyncio.wait_for`` (socket timeouts), which on
+    Python 3.11 swallows a cancellation that arrives as the send completes;
+    a loop that only stops when cancelled would then run on, and ``close()``
+    wait for it for ever (seen in tests/integration/test_topic_stream_reads.py).
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 async def _once_more(call: Callable[[], Awaitable[Any]]) -> Any:

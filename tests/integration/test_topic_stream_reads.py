@@ -11,6 +11,7 @@ publish times, the range and the limit.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
@@ -118,3 +119,47 @@ def test_unpacking_refuses_what_is_not_a_packed_range() -> None:
         unpack_entries(b"7,1.5,3")  # no body
     with pytest.raises(ValueError):
         unpack_entries(b"7,1.5,9:abc")  # cut short
+
+
+async def test_the_reader_delivers_a_backlog_and_then_what_comes_in_offset_order(
+    topics: RedisTopics, redis_url: str
+) -> None:
+    key = _stream(topics, "t6")
+    _xadd_all(redis_url, key, 1, [b"%d" % i for i in range(1, 2501)], 1_700_000_000.0)
+    delivered: list[tuple[int, bytes]] = []
+    gone: list[int] = []
+    done = asyncio.Event()
+
+    async def deliver(topic: str, entries: list[Entry], gone_to: int) -> None:
+        assert topic == "t6"
+        delivered.extend((e.offset, e.body) for e in entries)
+        gone.append(gone_to)
+        if delivered[-1][0] >= 2600:
+            done.set()
+
+    topics.start(deliver, lambda topic: None, lambda topic: None)
+    topics.follow("t6", 0)  # a backlog of 2,500: read packed, 1,000 at a time
+    await asyncio.sleep(0.3)  # then nothing new: the reader waits in XREAD
+    _xadd_all(redis_url, key, 2501, [b"%d" % i for i in range(2501, 2601)], 1_700_000_100.0)
+    await asyncio.wait_for(done.wait(), 10)
+    assert delivered == [(i, b"%d" % i) for i in range(1, 2601)]
+    assert set(gone) == {0}
+
+
+async def test_the_reader_tells_what_was_trimmed_before_it_read_it(
+    topics: RedisTopics, redis_url: str
+) -> None:
+    key = _stream(topics, "t7")
+    _xadd_all(redis_url, key, 1, [b"%d" % i for i in range(1, 101)], 1_700_000_000.0)
+    redis.Redis.from_url(redis_url).xtrim(key, maxlen=10, approximate=False)
+    got: list[tuple[list[int], int]] = []
+    done = asyncio.Event()
+
+    async def deliver(topic: str, entries: list[Entry], gone_to: int) -> None:
+        got.append(([e.offset for e in entries], gone_to))
+        done.set()
+
+    topics.start(deliver, lambda topic: None, lambda topic: None)
+    topics.follow("t7", 5)
+    await asyncio.wait_for(done.wait(), 10)
+    assert got[0] == (list(range(91, 101)), 90)
