@@ -495,6 +495,75 @@ async def clients_run(args: argparse.Namespace) -> dict[str, Any]:
     return {"clients": rows}
 
 
+def client_cpu(arms: list[str], messages: int = 200_000, per_frame: int = 64) -> dict[str, float]:
+    """CPU microseconds per message of each subscriber arm, with no socket and no
+    gateway: the same ``messages`` frames (``per_frame`` items each) handed to a
+    raw loop (orjson, a list of the bodies' ``t``) and to ``Subscriber``'s
+    iteration (each arm's module, as in :func:`clients_run`), best of 5 rounds
+    of ``time.process_time``. What a shared machine cannot move much.
+    """
+
+    class Conn:
+        async def send(self, text: str) -> None:
+            return None
+
+    class Frames:
+        """What ``Link.next`` gives: the frames, parsed one by one, then closed."""
+
+        def __init__(self, frames: list[bytes], closed: type[Exception]) -> None:
+            self.frames, self.i, self.conn, self.closed = frames, 0, Conn(), closed
+
+        async def next(self) -> dict[str, Any]:
+            if self.i >= len(self.frames):
+                raise self.closed("done")
+            self.i += 1
+            frame: dict[str, Any] = orjson.loads(self.frames[self.i - 1])
+            return frame
+
+    frames, seq = [], 0
+    for _ in range(messages // per_frame):
+        items = []
+        for _ in range(per_frame):
+            seq += 1
+            items.append({"seq": seq, "offset": seq, "body": {"t": 1.5}})
+        frames.append(orjson.dumps({"op": "messages", "topic": "t", "items": items, "dropped": 0}))
+    n = len(frames) * per_frame
+
+    async def raw() -> None:
+        link = Frames(frames, EOFError)
+        with contextlib.suppress(EOFError):
+            while True:
+                frame = await link.next()
+                _ = [item["body"]["t"] for item in frame["items"]]
+
+    def iterating(module: str) -> Callable[[], Any]:
+        errors = importlib.import_module(module.rpartition(".")[0] + ".errors" if "." in module
+                                         else module + ".errors")  # fmt: skip
+        cls = importlib.import_module(module).Subscriber
+
+        async def run() -> None:
+            sub = cls("ws://127.0.0.1:1", "t", token="x", reconnect=False)
+            sub._link, sub._opened = Frames(frames, errors.ConnectionClosed), True
+            async for message in sub:
+                _ = message.body["t"]
+
+        return run
+
+    runs: dict[str, Callable[[], Any]] = {}
+    for name in arms:
+        if name == "raw":
+            runs[name] = raw
+        elif name.startswith("subscriber") and ":" not in name:
+            runs[name] = iterating(name.partition("@")[2] or "leasecast")
+    best = {name: float("inf") for name in runs}
+    for _ in range(5):
+        for name, run in runs.items():
+            began = time.process_time()
+            asyncio.run(run())
+            best[name] = min(best[name], (time.process_time() - began) / n * 1e6)
+    return best
+
+
 def clients_table(rows: list[dict[str, Any]], arms: list[str]) -> str:
     """Median (min-max) per arm, and each arm's ratio to ``raw`` taken per round."""
 
@@ -544,7 +613,17 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--arms", default="raw,subscriber", help="with --clients")
     parser.add_argument("--rounds", type=int, default=5, help="with --clients")
+    parser.add_argument(
+        "--client-cpu",
+        action="store_true",
+        help="instead: CPU per message of the --arms' iteration, frames from memory",
+    )
     args = parser.parse_args(argv)
+    if args.client_cpu:
+        arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+        for name, us in client_cpu(arms).items():
+            print(f"{name}: {us:.2f} us CPU per message (best of 5, 200,000 messages)")
+        return
     if args.clients and args.subscribers == parser.get_default("subscribers"):
         args.subscribers = "100"
     args.subscribers = [int(x) for x in args.subscribers.split(",")]
