@@ -135,9 +135,28 @@ class Replay:
         now = time.time()
         return [e for e in stored if e.offset <= latest and kept(e, latest, settings, now)]
 
+    def _read_ahead(
+        self, topic: str, after: int, room: int, latest: int
+    ) -> asyncio.Task[list[Entry]]:
+        """Start reading the next chunk of a replay (see :meth:`_catch_up`)."""
+        task = asyncio.get_running_loop().create_task(
+            self.read(topic, after, min(room, REPLAY_CHUNK), latest)
+        )
+        # A read given up (the subscriber left) may have failed: seen, not logged.
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return task
+
     async def _catch_up(self, sub: Subscription, after: int) -> None:
-        """Replay ``sub`` from the history after ``after`` under its credit, then attach it."""
+        """Replay ``sub`` from the history after ``after`` under its credit, then attach it.
+
+        While one chunk is made into a frame and sent, the read of the next
+        (what the credit left allows) is already under way: on Redis a read
+        is a round trip and a script's work there, which would otherwise
+        alternate with this process's work instead of overlapping it.
+        """
         topic, position = sub.topic, after
+        # The read started for the chunk after ``position``, if any.
+        ahead: tuple[int, asyncio.Task[list[Entry]]] | None = None
         try:
             while True:
                 followed = self._dispatch.followed.get(topic)
@@ -161,7 +180,16 @@ class Replay:
                     granted.clear()
                     await granted.wait()
                     continue
-                entries = await self.read(topic, position, min(room, REPLAY_CHUNK), target)
+                entries = []
+                if ahead is not None and ahead[0] == position:
+                    entries = (await ahead[1])[:room]
+                elif ahead is not None:
+                    ahead[1].cancel()
+                ahead = None
+                if not entries or entries[0].offset != position + 1:
+                    # A loss is only ever decided on a read made now, up to
+                    # what is dispatched now (the read ahead stopped earlier).
+                    entries = await self.read(topic, position, min(room, REPLAY_CHUNK), target)
                 if sub.sid not in self._dispatch.dispatcher.subscriptions:
                     return
                 if not entries or entries[0].offset != position + 1:
@@ -190,6 +218,11 @@ class Replay:
                 if sink is not None:
                     sink.push(encode_messages(topic, items, dropped))
                 position = entries[-1].offset
+                room = sub.credit if not sub.paused else 0
+                if room > 0 and position < target:
+                    ahead = (position, self._read_ahead(topic, position, room, target))
         finally:
+            if ahead is not None:
+                ahead[1].cancel()
             self._catching_up.pop(sub.sid, None)
             self._credit_granted.pop(sub.sid, None)

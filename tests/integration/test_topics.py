@@ -409,3 +409,32 @@ async def test_three_hundred_subscribers_opening_at_once_are_all_accepted(two: D
         assert [h["op"] for h in hellos] == ["subscribed"] * 300, hellos[:3]
     finally:
         await asyncio.gather(*[s.close() for s in sockets])
+
+
+async def test_a_replay_sends_no_more_than_the_credit_and_every_offset_once(
+    deployment: Deployment,
+) -> None:
+    """2,500 missed, credit 1,500: a read of 1,000, then (read ahead while the
+    first is sent) the 500 the credit leaves; nothing more until credit comes,
+    then the rest and the live stream, each offset once and in order."""
+    d = deployment
+    topic = unique("t")
+    await configure(d, topic, history_size=10_000)
+    async with await Socket.open(f"{d.pub.ws}/ws/produce/", d.token) as p:
+        start = await warm(d, p, topic)
+        epoch, last = start["epoch"], start["offset"]
+        replies = await asyncio.gather(*(publish(p, topic, {"m": i}) for i in range(2500)))
+        head = max(r["offset"] for r in replies)
+        assert head == last + 2500
+        async with await subscribe(d, topic, since=last, epoch=epoch, credit=1500) as s:
+            hello = await s.next(timeout=20)
+            assert hello["recovered"] is True and hello["offset"] == head, hello
+            first = await offsets(s, 1500)
+            await s.quiet(0.5)  # the credit is spent: nothing more
+            assert first == list(range(last + 1, last + 1501))
+            await s.send({"op": "credit", "n": 10_000})
+            rest = await offsets(s, 1000)
+            assert rest == list(range(last + 1501, head + 1))
+            live = await publish_numbered(p, topic, 5)
+            assert await offsets(s, 5) == live
+            await s.quiet(0.3)
