@@ -25,8 +25,9 @@ from tests.support.clients import Socket, ahttp, unique
 from tests.support.databases import PG_ADMIN_URL, REDIS_URL, postgres_unavailable, redis_unavailable
 from tests.support.gateways import GatewayProcess, gateways_on_redis
 
-#: Alone, after the parallel run: these tests restart the PostgreSQL and Redis every test uses.
-pytestmark = pytest.mark.serial
+#: The tests that restart the PostgreSQL and Redis every test uses run alone,
+#: after the parallel run; kill -9 of a gateway of the test's own does not.
+restarts_shared_servers = pytest.mark.serial
 
 ROUNDS = 20
 
@@ -107,6 +108,10 @@ class Load:
             await self.stop([consumer])
 
 
+@pytest.mark.slow
+# Twenty gateway starts beside the parallel run's other workers: a guard
+# against a hang, not a claim about speed (seen: 300 s on a machine at load 17).
+@pytest.mark.timeout(600)
 async def test_kill_9_at_random_moments_loses_nothing_confirmed(
     own_gateway: GatewayProcess,
 ) -> None:
@@ -175,6 +180,7 @@ def pg_gateway(postgres_env: tuple[dict[str, str], Path]) -> Iterator[GatewayPro
     process.stop()
 
 
+@restarts_shared_servers
 async def test_postgres_restart_under_load_answers_unavailable_then_recovers(
     pg_gateway: GatewayProcess,
 ) -> None:
@@ -286,6 +292,7 @@ class Reader:
         return missing
 
 
+@restarts_shared_servers
 async def test_redis_restart_fan_out_resumes_and_block_never_gets_a_gap(
     redis_pair: tuple[GatewayProcess, GatewayProcess, str],
 ) -> None:
