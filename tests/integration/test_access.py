@@ -31,20 +31,25 @@ import urllib.request
 import zlib
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from http.cookiejar import CookieJar
 from pathlib import Path
 from typing import Any
 
 import pytest
-from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from tests.support.clients import Socket, ahttp, http, unique
 from tests.support.databases import ROOT, base_env, sqlite_database
 from tests.support.gateways import GatewayProcess, both_servers
+from tests.support.sessions import (
+    LOGIN_PATH,
+    PASSWORD,
+    Client,
+    open_socket,
+    own_origin,
+    socket_outcome,
+)
 
-STAFF, DEMOTED, PASSWORD = "ops", "demoted", "correct horse battery"
-LOGIN_PATH = "/admin/login/"
+STAFF, DEMOTED = "ops", "demoted"
 #: The only routes that answer a caller nobody knows: health, and the way in.
 PUBLIC = {"healthz": "the load balancer's health check", "admin/login/": "the login form"}
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
@@ -54,75 +59,6 @@ GOOD_KEY = "k3Y-" + "x7Qp9LmZ2vRt8WbN4sJd6HfYc1GkPa5EoUiTnSrQwXyVbMlKjHg"  # 55 
 
 
 # -- helpers: a cookie-keeping HTTP client that does not follow redirects
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-@dataclass
-class Reply:
-    status: int
-    headers: dict[str, str]
-    text: str
-
-    def json(self) -> Any:
-        return json.loads(self.text)
-
-
-class Client:
-    """Plain HTTP with a cookie jar, as a browser would hold it; redirects are returned."""
-
-    def __init__(self, base: str) -> None:
-        self.base = base
-        self.jar = CookieJar()
-        self.opener = urllib.request.build_opener(
-            urllib.request.HTTPCookieProcessor(self.jar), _NoRedirect()
-        )
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        data: bytes | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> Reply:
-        if data is None and method not in ("GET", "HEAD", "DELETE"):
-            data = b""
-        request = urllib.request.Request(self.base + path, data=data, method=method)
-        for key, value in (headers or {}).items():
-            request.add_header(key, value)
-        try:
-            with self.opener.open(request, timeout=60) as response:
-                return Reply(response.status, dict(response.headers), response.read().decode())
-        except urllib.error.HTTPError as err:
-            return Reply(err.code, dict(err.headers), err.read().decode(errors="replace"))
-
-    def cookie(self, name: str) -> str | None:
-        return next((c.value for c in self.jar if c.name == name), None)
-
-    def cookie_header(self) -> str:
-        return "; ".join(f"{c.name}={c.value}" for c in self.jar)
-
-    def login(self, username: str, password: str = PASSWORD) -> None:
-        self.request("GET", LOGIN_PATH)
-        form = urllib.parse.urlencode(
-            {
-                "csrfmiddlewaretoken": self.cookie("csrftoken") or "",
-                "username": username,
-                "password": password,
-                "next": "/admin/",
-            }
-        ).encode()
-        reply = self.request(
-            "POST",
-            LOGIN_PATH,
-            form,
-            {"Content-Type": "application/x-www-form-urlencoded"},
-        )
-        assert reply.status == 302 and reply.headers["Location"] == "/admin/", reply.text[:500]
-        assert self.cookie("sessionid")
 
 
 def create_users(gw: GatewayProcess) -> None:
@@ -156,30 +92,6 @@ def issue_tokens(gw: GatewayProcess, wanted: dict[str, list[str]]) -> dict[str, 
     return issued
 
 
-def own_origin(gw: GatewayProcess) -> str:
-    return f"http://127.0.0.1:{gw.port}"
-
-
-async def open_socket(
-    url: str,
-    *,
-    token: str | None = None,
-    cookie: str | None = None,
-    origin: str | None = None,
-    **kwargs: Any,
-) -> Socket:
-    """A socket as a given caller: a bearer token, a session cookie, an Origin."""
-    headers = {}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    if cookie:
-        headers["Cookie"] = cookie
-    if origin:
-        headers["Origin"] = origin
-    conn = await connect(url, additional_headers=headers, max_size=None, **kwargs)
-    return Socket(conn)
-
-
 async def handshake_status(url: str, **caller: Any) -> int:
     """101 if the socket was accepted, else the HTTP status of the refused handshake.
 
@@ -202,22 +114,6 @@ async def handshake_status(url: str, **caller: Any) -> int:
         return 4401
     await s.close()
     return 101
-
-
-async def socket_outcome(s: Socket) -> str:
-    """``ok`` if the socket is open and answering, else what it said before closing."""
-    try:
-        reply = await s.request({"op": "probe-unknown"})
-    except (ConnectionError, ConnectionClosed):
-        await s.reader
-        frames = []
-        while not s.frames.empty():
-            frames.append(s.frames.get_nowait())
-        errors = [f for f in frames if f.get("op") == "error"]
-        code = errors[0]["code"] if errors else "no error frame"
-        return f"{code} {s.conn.close_code}"
-    await s.close()
-    return "ok" if reply.get("code") == "unknown_op" else f"unexpected {reply}"
 
 
 def status_outcome(status: int, body: Any) -> str:

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_access import PASSWORD, Client
 from tests.support.clients import ahttp, unique
 from tests.support.databases import sqlite_database
 from tests.support.gateways import GatewayProcess
+from tests.support.sessions import PASSWORD, Client
 from tests.support.waiting import wait_until
 
 

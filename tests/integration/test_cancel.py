@@ -17,15 +17,15 @@ import pytest
 from leasecast import Worker
 from leasecast.errors import StaleReceipt
 
-from tests.integration.test_operations import (
+from tests.support.clients import Socket, ahttp, unique
+from tests.support.gateways import GatewayProcess
+from tests.support.sessions import (
     PASSWORD,
     StaffSession,
     admin_log,
     logged,
     notices,
 )
-from tests.support.clients import Socket, ahttp, unique
-from tests.support.gateways import GatewayProcess
 
 
 async def _enqueue(

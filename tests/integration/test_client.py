@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,8 +18,7 @@ import pytest
 from leasecast import EnqueueResult, Producer, Subscriber, Worker
 
 from gateway.core.errors import Forbidden, ProtocolError, StaleReceipt, Unauthorized
-from tests.support.clients import Socket, ahttp, unique
-from tests.support.databases import ROOT
+from tests.support.clients import Socket, ahttp, run_cli, unique
 from tests.support.gateways import GatewayProcess
 from tests.support.waiting import wait_until
 
@@ -179,24 +176,6 @@ async def test_subscriber_reconnects_after_the_gateway_drops_its_socket(
         got = await asyncio.wait_for(waiting, 10)
         assert (got.body, got.seq) == ("after", 1)  # a new socket, a new stream
         assert subscriber.reconnects == 1
-
-
-def run_cli(
-    gw: GatewayProcess, token: str | None, *args: str, stdin: str = ""
-) -> tuple[int, str, str]:
-    env = {"PATH": "/usr/bin:/bin", "LEASECAST_URL": gw.http}
-    if token:
-        env["LEASECAST_TOKEN"] = token
-    done = subprocess.run(
-        [sys.executable, "-m", "leasecast.cli", *args],
-        cwd=ROOT,
-        env=env,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    return done.returncode, done.stdout, done.stderr
 
 
 def test_cli_enqueue_consume_stats(gateway: GatewayProcess, admin_token: str) -> None:

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 from tests.integration.doc_shell import Shell, sh_commands
-from tests.integration.test_clients_doc_raw import doc_block
 from tests.support.clients import ahttp
 from tests.support.databases import ROOT
+from tests.support.docs import doc_block
 from tests.support.gateways import GatewayProcess
 
 DOC = ROOT / "docs" / "clients.md"

@@ -7,7 +7,7 @@ the scopes it lists.
 
 from __future__ import annotations
 
-from tests.integration.test_clients_doc_raw import run_example
+from tests.support.docs import run_example
 from tests.support.gateways import GatewayProcess
 
 

@@ -233,7 +233,7 @@ async def test_vanished_subscribers_leave_their_topic(hub: GatewayProcess, token
 async def test_python_subscriber_and_cli(hub: GatewayProcess, token: str) -> None:
     from leasecast import Producer, Subscriber
 
-    from tests.integration.test_client import run_cli
+    from tests.support.clients import run_cli
 
     topic = unique("t")
     async with Subscriber(hub.ws, topic, token=token, credit=4) as subscriber:

@@ -3,15 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import html
-import http.cookiejar
-import json
-import re
 import sqlite3
 import threading
 import time
-import urllib.parse
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -29,6 +23,7 @@ from gateway.models import Message, Queue
 from gateway.store import SQLITE, Ack, AckResult, Enqueue, Lease, Nack, Stats, Store
 from tests.support.clients import Socket, ahttp, unique
 from tests.support.gateways import GatewayProcess
+from tests.support.sessions import PASSWORD, StaffSession, admin_log, logged, notices
 from tests.support.waiting import wait_until
 
 
@@ -138,64 +133,7 @@ def test_purge_while_workers_lease_loses_nothing_it_did_not_purge(store: Store) 
 
 # -- the admin of a live gateway, as a staff user's browser session uses it
 
-STAFF, PASSWORD = "ops", "correct horse battery"
-
-
-class StaffSession:
-    """A logged-in staff user's session on a live gateway: cookies, CSRF, plain HTTP.
-
-    Admin actions are the POSTs the changelist's action form sends, so they run
-    the admin's own code in the gateway process, against its database.
-    """
-
-    def __init__(self, base: str) -> None:
-        self.base = base
-        self.jar = http.cookiejar.CookieJar()
-        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar))
-
-    def get(self, path: str) -> str:
-        with self.opener.open(self.base + path, timeout=60) as response:
-            text: str = response.read().decode()
-            return text
-
-    def post(self, path: str, fields: list[tuple[str, str]]) -> str:
-        csrf = next(c.value for c in self.jar if c.name == "csrftoken")
-        data = urllib.parse.urlencode([("csrfmiddlewaretoken", csrf), *fields]).encode()
-        request = urllib.request.Request(self.base + path, data=data, method="POST")
-        with self.opener.open(request, timeout=60) as response:  # follows the redirect
-            text: str = response.read().decode()
-            return text
-
-    def login(self, username: str, password: str) -> None:
-        self.get("/admin/login/")
-        page = self.post(
-            "/admin/login/?next=/admin/",
-            [("username", username), ("password", password), ("next", "/admin/")],
-        )
-        assert "Site administration" in page, page[:2000]
-
-    def action(self, model: str, action: str, ids: list[str], confirm: bool = False) -> str:
-        """Select rows ``ids`` of ``model``'s changelist and run ``action`` on them."""
-        fields = [("action", action), ("index", "0"), ("select_across", "0")]
-        fields += [("_selected_action", i) for i in ids]
-        if confirm:  # the second step of actions that ask first (delete selected)
-            fields.append(("post", "yes"))
-        return self.post(f"/admin/gateway/{model}/", fields)
-
-    def pk(self, model: str, name: str) -> str:
-        """The primary key of the row named ``name``, from the changelist's link to it."""
-        search = f"?q={urllib.parse.quote(name)}" if model == "queue" else ""  # queues have many
-        page = self.get(f"/admin/gateway/{model}/{search}")
-        found = re.search(
-            rf'/admin/gateway/{model}/(\d+)/change/[^"]*">{re.escape(name)}</a>', page
-        )
-        assert found, f"no {model} {name!r} in the changelist"
-        return found.group(1)
-
-
-def notices(page: str) -> list[str]:
-    """The admin's messages to the user (the ``messagelist``) on a page (first letter capital)."""
-    return [html.unescape(m) for m in re.findall(r'<li class="\w+">([^<]*)</li>', page)]
+STAFF = "ops"
 
 
 @pytest.fixture(scope="module")
@@ -209,24 +147,6 @@ def staff(gateway: GatewayProcess) -> StaffSession:
     session = StaffSession(gateway.http)
     session.login(STAFF, PASSWORD)
     return session
-
-
-def admin_log(gateway: GatewayProcess) -> list[dict[str, Any]]:
-    """Django's admin log (LogEntry), as the gateway's database holds it."""
-    out = gateway.manage(
-        "shell",
-        "-c",
-        "import json; from django.contrib.admin.models import LogEntry;"
-        "print(json.dumps([{'user': e.user.username, 'model': e.content_type and "
-        "e.content_type.model, 'object_id': e.object_id, 'flag': e.action_flag, "
-        "'message': e.change_message} for e in LogEntry.objects.all()]))",
-    )
-    entries: list[dict[str, Any]] = json.loads(out.strip().splitlines()[-1])
-    return entries
-
-
-def logged(entries: list[dict[str, Any]], model: str, object_id: str) -> list[dict[str, Any]]:
-    return [e for e in entries if e["model"] == model and e["object_id"] == object_id]
 
 
 async def queue_stats(gateway: GatewayProcess, token: str, queue: str) -> dict[str, Any]:

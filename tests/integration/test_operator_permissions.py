@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_access import PASSWORD, Client, open_socket, own_origin, socket_outcome
 from tests.support.clients import http, unique
 from tests.support.databases import sqlite_database
 from tests.support.gateways import GatewayProcess
+from tests.support.sessions import PASSWORD, Client, open_socket, own_origin, socket_outcome
 
 #: user -> its gateway permissions ("root" is a superuser with none).
 USERS: dict[str, list[str]] = {

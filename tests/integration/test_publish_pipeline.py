@@ -24,8 +24,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.typing import Origin
 
-from tests.integration.test_scaleout import b_hears_a
-from tests.support.clients import Socket, collect, unique
+from tests.support.clients import Socket, b_hears_a, collect, unique
 from tests.support.databases import sqlite_database
 from tests.support.gateways import GatewayProcess, gateways_on_redis
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.clients import Socket, ahttp, collect, unique
+from tests.support.clients import Socket, ahttp, b_hears_a, collect, publish, unique
 from tests.support.gateways import GatewayProcess, gateways_on_redis
 
 BLOCK = "block"
@@ -50,36 +50,6 @@ def token(cluster: tuple[GatewayProcess, GatewayProcess, str]) -> str:
 async def sub(gw: GatewayProcess, token: str, topic: str, **params: object) -> Socket:
     query = "&".join(f"{k}={v}" for k, v in params.items())
     return await Socket.open(f"{gw.ws}/ws/topics/{topic}/?{query}", token)
-
-
-async def publish(p: Socket, topic: str, body: Any) -> None:
-    reply = await p.request({"op": "publish", "topic": topic, "body": body}, timeout=20)
-    assert reply["op"] == "published", reply
-
-
-async def b_hears_a(p: Socket, topic: str, listener: Socket) -> None:
-    """Wait until ``listener`` (the first subscriber of ``topic`` on B) gets A's publishes.
-
-    B joins the topic's Redis group in the background after its first local
-    subscriber; publishes from A before that never reach B. Probes are
-    published until one arrives, then a fence: the relay keeps order, so once
-    the fence is read no probe is left in flight and later subscribers on B
-    see only the test's own messages.
-    """
-    deadline = asyncio.get_running_loop().time() + 20
-    while True:
-        await publish(p, topic, {"probe": "ping"})
-        try:
-            await listener.next(timeout=0.25)
-            break
-        except TimeoutError:
-            assert asyncio.get_running_loop().time() < deadline, "B never joined the topic"
-    await publish(p, topic, {"probe": "fence"})
-    while True:
-        frame = await listener.next(timeout=10)
-        assert frame["op"] == "messages" and frame["dropped"] == 0, frame
-        if {"probe": "fence"} in [it["body"] for it in frame["items"]]:
-            return
 
 
 def in_order(items: list[dict[str, Any]]) -> list[Any]:

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_access import PASSWORD, Client, open_socket, own_origin
 from tests.support.clients import Socket, unique
 from tests.support.databases import sqlite_database
 from tests.support.gateways import GatewayProcess
+from tests.support.sessions import PASSWORD, Client, open_socket, own_origin
 
 #: Alone, after the parallel run: the protocol's bound is checked on a quiet machine.
 pytestmark = pytest.mark.serial

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import re
 
-from tests.integration.test_access import Client
 from tests.support.gateways import GatewayProcess
+from tests.support.sessions import Client
 
 PASSWORD = "root page password"
 

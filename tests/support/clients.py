@@ -11,11 +11,18 @@ import asyncio
 import itertools
 import json
 import os
+import subprocess
+import sys
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from websockets.asyncio.client import ClientConnection, connect
+
+from tests.support.databases import ROOT
+
+if TYPE_CHECKING:
+    from tests.support.gateways import GatewayProcess
 
 __all__ = ["Socket", "ahttp", "collect", "http", "unique"]
 
@@ -154,3 +161,52 @@ async def collect(s: Socket, n: int, timeout: float = 10) -> tuple[list[dict[str
         items += frame["items"]
         dropped += frame["dropped"]
     return items, dropped
+
+
+def run_cli(
+    gw: GatewayProcess, token: str | None, *args: str, stdin: str = ""
+) -> tuple[int, str, str]:
+    env = {"PATH": "/usr/bin:/bin", "LEASECAST_URL": gw.http}
+    if token:
+        env["LEASECAST_TOKEN"] = token
+    done = subprocess.run(
+        [sys.executable, "-m", "leasecast.cli", *args],
+        cwd=ROOT,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+async def publish(p: Socket, topic: str, body: Any) -> None:
+    """Publish ``body`` on ``topic`` through socket ``p`` and wait for its confirmation."""
+    reply = await p.request({"op": "publish", "topic": topic, "body": body}, timeout=20)
+    assert reply["op"] == "published", reply
+
+
+async def b_hears_a(p: Socket, topic: str, listener: Socket) -> None:
+    """Wait until ``listener`` (the first subscriber of ``topic`` on B) gets A's publishes.
+
+    B joins the topic's Redis group in the background after its first local
+    subscriber; publishes from A before that never reach B. Probes are
+    published until one arrives, then a fence: the relay keeps order, so once
+    the fence is read no probe is left in flight and later subscribers on B
+    see only the test's own messages.
+    """
+    deadline = asyncio.get_running_loop().time() + 20
+    while True:
+        await publish(p, topic, {"probe": "ping"})
+        try:
+            await listener.next(timeout=0.25)
+            break
+        except TimeoutError:
+            assert asyncio.get_running_loop().time() < deadline, "B never joined the topic"
+    await publish(p, topic, {"probe": "fence"})
+    while True:
+        frame = await listener.next(timeout=10)
+        assert frame["op"] == "messages" and frame["dropped"] == 0, frame
+        if {"probe": "fence"} in [it["body"] for it in frame["items"]]:
+            return
