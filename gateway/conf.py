@@ -242,10 +242,11 @@ def _seconds(env: Mapping[str, str], name: str, default: float, low: float = 0) 
 
 
 def client_setting(name: str) -> str | None:
-    """``LEASECAST_URL`` or ``LEASECAST_TOKEN``: the Django setting, else the
-    environment variable of the same name (the gateway a process talks to over
-    HTTP or WebSockets: ``gateway.enqueue`` without Leasecast installed, the
-    task worker)."""
+    """A ``LEASECAST_*`` setting of a process that talks to the gateway (the
+    Django setting, else the environment variable of the same name): the
+    gateway's ``LEASECAST_URL`` and ``LEASECAST_TOKEN`` for ``gateway.enqueue``
+    without Leasecast installed and for the task worker, and the worker's
+    ``LEASECAST_WORKER_PREFETCH_MULTIPLIER``."""
     value = getattr(settings, name, None) or os.environ.get(name)
     return str(value) if value else None
 

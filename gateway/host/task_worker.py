@@ -49,6 +49,7 @@ from urllib.parse import quote
 
 from leasecast import Delivery, Worker, backoff_delays, http_get
 
+from gateway.conf import client_setting
 from gateway.core.errors import ConnectionClosed, LeasecastError, ProtocolError, StaleReceipt
 from gateway.core.task_decisions import (
     DEFAULT_PREFETCH_MULTIPLIER,
@@ -207,7 +208,7 @@ def prefetch_multiplier_setting() -> int:
 
     value: Any = getattr(settings, PREFETCH_SETTING, None) if settings.configured else None
     if value is None:
-        text = os.environ.get(PREFETCH_SETTING, "").strip()
+        text = (client_setting(PREFETCH_SETTING) or "").strip()
         if not text:
             return DEFAULT_PREFETCH_MULTIPLIER
         value = int(text) if text.isdigit() else text

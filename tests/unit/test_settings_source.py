@@ -18,7 +18,7 @@ import pytest
 from gateway.conf import GatewaySettings, environ_settings
 
 ROOT = Path(__file__).resolve().parents[2]
-TREES = ("gateway", "consumers", "dashboard", "bench", "spark_feed", "clients/python/src")
+TREES = ("gateway", "consumers", "dashboard", "bench", "clients/spark/src", "clients/python/src")
 
 #: The modules that may read the environment for a setting.
 READERS = {"gateway/conf.py", "gateway/site/settings.py"}
