@@ -13,37 +13,21 @@ index: without one the tests are skipped, with the reason shown.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import venv
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 
 from tests.support.clients import unique
 from tests.support.databases import ROOT
 from tests.support.gateways import GatewayProcess
+from tests.support.packaging import index_unreachable
 
 CLIENT = ROOT / "clients" / "python"
-
-
-def index_unreachable() -> str | None:
-    """Why pip could not fetch packages here, or None if it probably can."""
-    config = subprocess.run(
-        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True
-    ).stdout
-    if "find-links" in config or "file://" in config:
-        return None  # a local wheelhouse or index: no network needed
-    host = urlsplit(os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple")).hostname
-    try:
-        socket.create_connection((host or "pypi.org", 443), timeout=5).close()
-    except OSError as exc:
-        return f"no package index reachable ({host}: {exc}): cannot install websockets and orjson"
-    return None
 
 
 def run(*args: str | Path, cwd: Path | None = None, timeout: float = 300) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 from tests.integration.doc_shell import Shell, sh_commands
 from tests.support.clients import http
 from tests.support.databases import ROOT, manage, sqlite_database
+from tests.support.docs import bootstrap_export
 from tests.support.gateways import GatewayProcess
 from tests.support.waiting import wait_until_blocking
 
@@ -28,13 +29,6 @@ README = ROOT / "README.md"
 def tour_commands() -> list[str]:
     """The commands of the README tour's ``sh`` blocks, in order."""
     return sh_commands(README, "## A five-minute tour")
-
-
-def bootstrap_export(output: str) -> str:
-    """The ``export`` line ``bootstrap_dev`` (so ``make run``) says to paste."""
-    lines = [line.strip() for line in output.splitlines() if line.strip().startswith("export ")]
-    assert len(lines) == 1, output
-    return lines[0]
 
 
 def queue(gateway: GatewayProcess, token: str) -> dict[str, Any]:

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from tests.integration.doc_shell import Shell, sh_commands
-from tests.integration.test_readme_tour import bootstrap_export
 from tests.support.clients import http
 from tests.support.databases import ROOT, manage, sqlite_database
+from tests.support.docs import bootstrap_export
 from tests.support.gateways import GatewayProcess
 
 DOC = ROOT / "docs" / "spark.md"

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_client_package import index_unreachable
 from tests.support.databases import ROOT
+from tests.support.packaging import index_unreachable
 
 PACKAGE = ROOT / "clients" / "spark"
 FORBIDDEN = {"django", "channels", "daphne", "gateway", "consumers", "dashboard"}

@@ -1,4 +1,5 @@
-"""docs/clients.md's examples: a section's code block, and running its Python as a program."""
+"""The docs' examples: a docs/clients.md section's code block run as a program, and
+the ``export`` line ``bootstrap_dev`` prints for the reader to paste."""
 
 from __future__ import annotations
 
@@ -46,3 +47,10 @@ def run_example(gateway: GatewayProcess, section: str, name: str) -> str:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
+
+
+def bootstrap_export(output: str) -> str:
+    """The ``export`` line ``bootstrap_dev`` (so ``make run``) says to paste."""
+    lines = [line.strip() for line in output.splitlines() if line.strip().startswith("export ")]
+    assert len(lines) == 1, output
+    return lines[0]
