@@ -365,8 +365,20 @@ class _Postgres(Dialect):
         "FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS t(r, i) ORDER BY i "
         "RETURNING id"
     )
-    # Ids and tokens as array literals, made by str.join: integers need no quoting.
+    # Ids and tokens as array literals, made by str.join: integers need no
+    # quoting. Each row found by id in the primary key compares its token
+    # with the one at its id's place: no join, so no plan (generic or not)
+    # scans every lease in flight, and no row of the list is built per row
+    # found (``(id, lease_token) IN (SELECT * FROM unnest(...))`` made a
+    # nested loop over the list for each message). A list that names one id
+    # twice (a stale receipt beside the current one) takes the pairwise form.
     _ACK_MANY = (
+        "DELETE FROM leasecast_message WHERE id = ANY(%s::bigint[]) "
+        "AND lease_token = (%s::bigint[])[array_position(%s::bigint[], id)] AND state = 1 "
+        "AND visible_at > %s AND (expires_at IS NULL OR expires_at > %s) "
+        'RETURNING id, lease_token, queue_id, "group", leased_at'
+    )
+    _ACK_PAIRS = (
         "DELETE FROM leasecast_message WHERE id = ANY(%s::bigint[]) AND state = 1 "
         "AND visible_at > %s AND (expires_at IS NULL OR expires_at > %s) "
         "AND (id, lease_token) IN (SELECT * FROM unnest(%s::bigint[], %s::bigint[])) "
@@ -384,7 +396,11 @@ class _Postgres(Dialect):
     ) -> list[Sequence[Any]]:
         ids = "{" + ",".join([str(msg_id) for msg_id, _ in pairs]) + "}"
         tokens = "{" + ",".join([str(token) for _, token in pairs]) + "}"
-        rows: list[Sequence[Any]] = run(self._ACK_MANY, (ids, now, now, ids, tokens)).fetchall()
+        if len({msg_id for msg_id, _ in pairs}) == len(pairs):
+            found = run(self._ACK_MANY, (ids, tokens, ids, now, now))
+        else:
+            found = run(self._ACK_PAIRS, (ids, now, now, ids, tokens))
+        rows: list[Sequence[Any]] = found.fetchall()
         return rows
 
     def lock_groups(self, keys: Sequence[tuple[int, str]]) -> Statement | None:

@@ -121,3 +121,31 @@ def test_batches_round_trip_exactly(url: str, make: Callable[[str], Any]) -> Non
             clock.advance(0.37)
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("make", [gateway_connection, django_connection])
+def test_a_stale_and_the_current_receipt_of_one_message_in_one_batch(
+    url: str, make: Callable[[str], Any]
+) -> None:
+    clock = FakeClock(1_764_170_000.0)
+    store = Store(lambda: make(url), POSTGRESQL, clock=clock, settings_ttl=0)
+    queue = f"twice-{make.__name__}"
+    try:
+        for _ in range(STORE_PREPARE_THRESHOLD + 1):
+            store.run([Enqueue(queue, [EnqueueSpec(b'"x"'), EnqueueSpec(b'"y"')])])
+            (first,) = store.run([Lease(queue, 2, visibility_timeout=5)])
+            assert isinstance(first, LeaseResult) and len(first.delivered) == 2
+            clock.advance(6)  # both leases time out; the next round leases them again
+            (second,) = store.run([Lease(queue, 2, visibility_timeout=5)])
+            assert isinstance(second, LeaseResult) and len(second.delivered) == 2
+            old_x, old_y = first.delivered
+            new_x, new_y = second.delivered
+            # One id twice (stale, then current), and a batch of distinct ids.
+            results = store.run([Ack(old_x.receipt), Ack(new_x.receipt)])
+            assert [isinstance(r, AckResult) for r in results] == [False, True]
+            results = store.run([Ack(old_y.receipt)])
+            assert [isinstance(r, AckResult) for r in results] == [False]
+            results = store.run([Ack(new_y.receipt), Ack(new_x.receipt)])
+            assert [isinstance(r, AckResult) for r in results] == [True, False]
+    finally:
+        store.close()
