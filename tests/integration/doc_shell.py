@@ -101,3 +101,22 @@ class Shell:
             os.killpg(self.proc.pid, 9)
             self.proc.wait(10)
         self._out.close()
+
+
+def without_comment(command: str) -> str:
+    """``command`` without its trailing shell comment (`` # ...`` outside quotes)."""
+    quote = ""
+    for index, char in enumerate(command):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (index == 0 or command[index - 1].isspace()):
+            return command[:index].rstrip()
+    return command
+
+
+def in_background(command: str) -> str:
+    """``command`` as a job of its own (`` &``), for a server a doc starts and
+    leaves running; its trailing comment (which would swallow the ``&``) dropped."""
+    return without_comment(command) + " &"
