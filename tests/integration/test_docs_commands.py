@@ -114,6 +114,7 @@ def _admin_token(env: dict[str, str]) -> str:
     return manage(env, "issue_token", "ops-doc", "--scope", "admin").strip().splitlines()[-1]
 
 
+@pytest.mark.slow  # weighs more in the parallel stage's order (tests/conftest.py)
 def test_the_benchmark_command_runs_with_its_flags(tmp_path: Path) -> None:
     """The doc's command with its flags, smaller numbers: ``--cycles 5000 --rounds 2``
     as written took 82 s (exit 0, its two tables printed; 2026-11-26, load average
