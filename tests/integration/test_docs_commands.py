@@ -15,6 +15,8 @@ print its table, a row per server and app.
 Where every ``sh``/``bash``/``console`` block of README.md, docs/ and
 examples/ is run as written: :data:`COVERED` (checked by the last test, so a
 new block without a test fails it).
+docs/tasks.md names its commands in its prose, not in blocks:
+tests/integration/test_tasks_doc_commands.py runs those.
 """
 
 from __future__ import annotations

@@ -152,6 +152,7 @@ def test_the_htmx_example_runs_as_written_twice(tmp_path: Path) -> None:
     assert commands[0].startswith("GATEWAY_ALLOWED_ORIGINS=http://127.0.0.1:8001 make run")
     assert "python3 -m http.server" in commands[2] and commands[3].startswith("curl "), commands
     var = Path(tempfile.mkdtemp(prefix="leasecast-htmx-"))
+    admins = []
     try:
         for round_ in (1, 2):
             gateway = free_port()
@@ -159,15 +160,18 @@ def test_the_htmx_example_runs_as_written_twice(tmp_path: Path) -> None:
             env = clean_env(GATEWAY_VAR_DIR=str(var), PORT=str(gateway))
             shell = Shell(env, tmp_path / f"htmx{round_}.log")
             try:
-                htmx_round(shell, commands, gateway, free_port())
+                admins.append(htmx_round(shell, commands, gateway, free_port()))
             finally:
                 shell.close()
     finally:
         shutil.rmtree(var, ignore_errors=True)
+    # The README: a second make run keeps var/'s database and admin token.
+    assert admins[0] == admins[1]
 
 
-def htmx_round(shell: Shell, commands: list[str], gateway: int, site: int) -> None:
-    """The README's commands once, the gateway on port ``gateway``, the page on ``site``."""
+def htmx_round(shell: Shell, commands: list[str], gateway: int, site: int) -> str:
+    """The README's commands once, the gateway on port ``gateway``, the page on ``site``;
+    the admin token make run printed."""
     serve, issue, page, publish = (
         c.replace(":8000", f":{gateway}").replace("8001", str(site)) for c in commands
     )
@@ -219,6 +223,7 @@ def htmx_round(shell: Shell, commands: list[str], gateway: int, site: int) -> No
         )
     finally:
         stream.close()
+    return admin
 
 
 # -- examples/shop ------------------------------------------------------------------
