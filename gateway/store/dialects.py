@@ -3,8 +3,9 @@
 Statements the two share are written once, with ``%s`` placeholders, in the
 modules that use them; :meth:`Dialect.sql` adapts the placeholders. What
 differs lives here: how a transaction begins, the lease statement (design
-decision 2), bulk inserts and acks (arrays on PostgreSQL, a JSON array on
-SQLite), and the per-group and per-queue locks that only PostgreSQL needs.
+decision 2), bulk inserts and acks (a JSON array of rows and array literals
+of ids on PostgreSQL, a JSON array on SQLite), and the per-group and
+per-queue locks that only PostgreSQL needs.
 
 The hot statements (:meth:`Dialect.lease`, :meth:`Dialect.insert`,
 :meth:`Dialect.ack_many`) are run by the dialect itself, through the ``run``
@@ -17,8 +18,10 @@ ack take their list as one JSON parameter (their text never changes, and
 Python's statement cache keeps them planned) and return at most one row. The
 lease stays one atomic ``UPDATE ... RETURNING`` (design decision 2): split
 into pick, update and read back it measured no faster. PostgreSQL's driver
-fetches a whole result at once and plans arrays once, so ``RETURNING`` and
-``unnest`` stay there.
+fetches a whole result at once, so ``RETURNING`` stays there; its lists go
+as one parameter each, made in C (``orjson``) or by ``str.join``, because
+psycopg dumps a Python list element by element in Python, and the store's
+connection prepares the statements (``gateway.engine``).
 """
 
 from __future__ import annotations
