@@ -389,6 +389,41 @@ async def clients_run(args: argparse.Namespace) -> dict[str, Any]:
     from bench.peers.leasecast import RawSocketFanout, _ClientSubscriber
     from bench.procstat import cpu_of
 
+    #: ``messages`` frames the subscribers of the current round received
+    frames = [0]
+
+    def counted(frame: dict[str, Any]) -> bool:
+        if frame.get("op") == "messages":
+            frames[0] += 1
+        return False  # not consumed: it goes on to the subscriber
+
+    class RawArm(RawSocketFanout):
+        async def subscriber(self, topic: str, expected: int, on_bodies: Any) -> PeerSubscriber:
+            ws = await connect(
+                self.target.sub_url(topic, max(expected, 1024)),
+                additional_headers=self.target.headers,
+                max_size=None,
+            )
+            return _CountingSocket(ws, on_bodies)
+
+    class _CountingSocket(PeerSubscriber):
+        def __init__(self, ws: Any, on_bodies: Any) -> None:
+            self.ws = ws
+            self.reader = asyncio.create_task(self._read(on_bodies))
+
+        async def _read(self, on_bodies: Any) -> None:
+            async for text in self.ws:
+                frame = orjson.loads(text)
+                if frame.get("op") == "messages":
+                    frames[0] += 1
+                    on_bodies([item["body"]["t"] for item in frame["items"]])
+
+        async def close(self) -> None:
+            await self.ws.close()
+            self.reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.reader
+
     class SubscriberArm(RawSocketFanout):
         def __init__(
             self, name: str, target: Target, pids: list[int], credit: int | None, module: str
@@ -409,6 +444,7 @@ async def clients_run(args: argparse.Namespace) -> dict[str, Any]:
                 **options,
             )
             await sub.__aenter__()
+            sub._link.on_push = counted  # counts the frames, hands each on
             return _IteratingSubscriber(sub, on_bodies, expected)
 
     class _IteratingSubscriber(_ClientSubscriber):
@@ -446,7 +482,7 @@ async def clients_run(args: argparse.Namespace) -> dict[str, Any]:
         arms: list[RawSocketFanout] = []
         for name in args.arms:
             if name == "raw":
-                arms.append(RawSocketFanout("raw", target, pids, "credit 1,000,000,000"))
+                arms.append(RawArm("raw", target, pids, "credit 1,000,000,000"))
             elif name.startswith("subscriber"):
                 # subscriber[:CREDIT][@MODULE]
                 spec, _, module = name.partition("@")
@@ -467,6 +503,7 @@ async def clients_run(args: argparse.Namespace) -> dict[str, Any]:
             for arm in arms[k:] + arms[:k]:
                 await asyncio.sleep(0.2)
                 gateway0, here0 = cpu_of(pids), time.process_time()
+                frames[0] = 0
                 result = await fanout(arm, args.subscribers[0], n_msgs)
                 gateway_cpu, here_cpu = cpu_of(pids) - gateway0, time.process_time() - here0
                 delivered = max(1, result.delivered)
@@ -481,6 +518,7 @@ async def clients_run(args: argparse.Namespace) -> dict[str, Any]:
                     "p99_ms": percentile(result.latencies, 0.99) * 1000,
                     "gateway_us_per_delivery": gateway_cpu / delivered * 1e6,
                     "client_us_per_delivery": here_cpu / delivered * 1e6,
+                    "items_per_frame": result.delivered / max(1, frames[0]),
                     "loadavg": Path("/proc/loadavg").read_text().split()[0],
                 }
                 rows.append(row)
@@ -488,7 +526,8 @@ async def clients_run(args: argparse.Namespace) -> dict[str, Any]:
                     f"   round {r + 1} {arm.name}: {row['deliveries_per_s']:,.0f} deliveries/s, "
                     f"{result.delivered:,} of {result.subscribers * result.messages:,}, "
                     f"gateway {row['gateway_us_per_delivery']:.2f} us, "
-                    f"client {row['client_us_per_delivery']:.2f} us per delivery",
+                    f"client {row['client_us_per_delivery']:.2f} us per delivery, "
+                    f"{row['items_per_frame']:.1f} items a frame",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -576,8 +615,8 @@ def clients_table(rows: list[dict[str, Any]], arms: list[str]) -> str:
     raw = {r["round"]: r["deliveries_per_s"] for r in rows if r["arm"] == "raw"}
     lines = [
         "| subscriber | rounds | delivered (min) | deliveries/s | vs raw, per round "
-        "| gateway CPU us/delivery | client CPU us/delivery | p50 ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| gateway CPU us/delivery | client CPU us/delivery | items a frame | p50 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for arm in arms:
         mine = [r for r in rows if r["arm"] == arm]
@@ -590,6 +629,7 @@ def clients_table(rows: list[dict[str, Any]], arms: list[str]) -> str:
             f"| {spread(ratios, '{:.2f}x')} "
             f"| {spread([r['gateway_us_per_delivery'] for r in mine], '{:.2f}')} "
             f"| {spread([r['client_us_per_delivery'] for r in mine], '{:.2f}')} "
+            f"| {spread([r.get('items_per_frame', 0.0) for r in mine], '{:.1f}')} "
             f"| {spread([r['p50_ms'] for r in mine], '{:.0f}')} |"
         )
     return "\n".join(lines)
