@@ -52,14 +52,20 @@ SLOW_FACTOR = 5.0
 
 
 def group_of(nodeid: str) -> str:
-    """The work unit of a test in a parallel run: its module, or its shared directory.
+    """The work unit of a test in a parallel run: its module (or shared directory), by backend.
 
-    Each test module runs whole on one worker, so its module-scoped gateway
-    starts once, as in a serial run; a directory of :data:`SHARED_DIRECTORIES`
-    is one unit. (An ``@name`` suffix that pytest-xdist may add is ignored.)
+    Each test module runs on one worker, so its module-scoped gateway starts
+    once, as in a serial run; a directory of :data:`SHARED_DIRECTORIES` is one
+    unit. Its tests on PostgreSQL (``postgres`` in the test's parameters: the
+    backend fixtures' ids) are a unit of their own: they run on a gateway and
+    database of their own anyway, and a long module then takes two workers,
+    not one. (An ``@name`` suffix that pytest-xdist may add is ignored.)
     """
-    path = nodeid.split("::", 1)[0].split("@", 1)[0]
-    return next((d for d in SHARED_DIRECTORIES if path.startswith(d)), path)
+    path, _, rest = nodeid.partition("::")
+    path = path.split("@", 1)[0]
+    unit = next((d for d in SHARED_DIRECTORIES if path.startswith(d)), path)
+    params = rest[rest.find("[") + 1 : rest.rfind("]")] if "[" in rest else ""
+    return f"{unit}[postgres]" if "postgres" in params.split("-") else unit
 
 
 def group_weights(items: list[pytest.Item]) -> dict[str, float]:
