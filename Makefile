@@ -20,7 +20,7 @@ DJANGO6_TESTS := tests/unit/test_store_tasks.py tests/unit/test_task_worker.py \
 	tests/integration/test_operations.py tests/integration/test_workqueue.py \
 	tests/integration/test_host_project.py
 
-.PHONY: screenshots run demo reset test test-django6 lint typecheck unit integration bench install dev clean browser balancer
+.PHONY: screenshots run demo reset test test-django6 django6-env lint typecheck unit integration bench install dev clean browser balancer
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -106,12 +106,16 @@ balancer:
 	else echo "No haproxy and not root: the load-balancer tests will be skipped"; fi
 
 ## Lint, type-check, then every test suite on Django 5.2, then the Django-facing
-## tests on Django 6. The suite runs on $(TEST_WORKERS) parallel workers (pytest-xdist;
-## most tests wait on servers), each test module whole on one worker; the tests
-## marked `serial` (they restart the machine's PostgreSQL and Redis, or need a
-## quiet machine) run alone afterwards. Each run prints its ten slowest tests.
+## tests on Django 6. Lint and type-check run beside the Django 6 environment's
+## install (mypy keeps one core busy, pip mostly waits). The suite runs on
+## $(TEST_WORKERS) parallel workers (pytest-xdist; most tests wait on servers),
+## each test module on one worker (its PostgreSQL tests on another), the longest
+## first (tests/conftest.py); the tests marked `serial` (they restart the
+## machine's PostgreSQL and Redis, or need a quiet machine) run alone afterwards.
+## Each run prints its ten slowest tests.
 TEST_WORKERS ?= 4
-test: lint typecheck browser balancer
+test: browser balancer
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint typecheck django6-env
 	$(BIN)/pytest -q --durations=10 -n $(TEST_WORKERS) --dist loadgroup -m "not serial"
 	$(BIN)/pytest -q --durations=10 -m serial
 	$(MAKE) --no-print-directory test-django6
@@ -122,15 +126,23 @@ $(VENV6)/.installed: pyproject.toml clients/python/pyproject.toml
 	$(VENV6)/bin/pip install --quiet -e ./clients/python -e '.[test]' '$(DJANGO6)'
 	touch $@
 
+# The first Python 3.12 or later: $(PYTHON_DJANGO6) if it runs, else a pyenv-installed one.
+FIND_PYTHON_DJANGO6 = for p in $(PYTHON_DJANGO6) $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[2-9]*/bin/python3 2>/dev/null); do \
+	  $$p -c 'import sys; assert sys.version_info >= (3, 12)' >/dev/null 2>&1 && echo $$p && break; done
+
+## The Django 6 environment ($(VENV6)), when there is a Python 3.12 or later.
+django6-env:
+	@py=$$($(FIND_PYTHON_DJANGO6)); \
+	if [ -n "$$py" ]; then $(MAKE) --no-print-directory $(VENV6)/.installed PYTHON_DJANGO6=$$py; fi
+
 ## The Django-facing and tasks tests on Django 6 (skipped, and said, without Python 3.12+:
-## $(PYTHON_DJANGO6) if it runs, else a pyenv-installed 3.12 or later).
-test-django6:
-	@py=$$(for p in $(PYTHON_DJANGO6) $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[2-9]*/bin/python3 2>/dev/null); do \
-	  $$p -c 'import sys; assert sys.version_info >= (3, 12)' >/dev/null 2>&1 && echo $$p && break; done); \
-	if [ -n "$$py" ]; then \
-	  $(MAKE) --no-print-directory $(VENV6)/.installed PYTHON_DJANGO6=$$py && \
+## $(PYTHON_DJANGO6) if it runs, else a pyenv-installed 3.12 or later): on
+## $(TEST_WORKERS) workers as in `make test`, then the tests marked `serial` alone.
+test-django6: django6-env
+	@if [ -f $(VENV6)/.installed ]; then \
 	  $(VENV6)/bin/python -c 'import django; print("Django", django.get_version())' && \
-	  $(VENV6)/bin/pytest -q -p no:cacheprovider $(DJANGO6_TESTS); \
+	  $(VENV6)/bin/pytest -q -p no:cacheprovider --durations=10 -n $(TEST_WORKERS) --dist loadgroup -m "not serial" $(DJANGO6_TESTS) && \
+	  $(VENV6)/bin/pytest -q -p no:cacheprovider --durations=10 -m serial $(DJANGO6_TESTS); \
 	else echo "Skipping the Django 6 tests: no Python 3.12 or later on this machine"; fi
 
 ## The headline comparisons against NATS JetStream, RabbitMQ, pgqueuer, NATS core,
