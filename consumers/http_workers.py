@@ -115,10 +115,7 @@ async def lease(request: HttpRequest, principal: Principal, queue: str) -> HttpR
     delivered: list[Delivered] = []
     for _ in range(_ROUNDS):
         result = await engine.call(Lease(queue, asked.max, asked.visibility_timeout))
-        # Counted for the dashboard's rates as a pump counts its rounds.
-        engine.count(queue, "delivered", len(result.delivered))
-        engine.count(queue, "redelivered", sum(1 for d in result.delivered if d.deliveries > 1))
-        engine.count(queue, "dead_lettered", result.dead_lettered)
+        engine.leased(queue, len(result.delivered))  # as a pump's round: room made
         delivered = result.delivered
         # A round that only dead-lettered (max_deliveries) may have made a
         # group's next message its head, leasable from the next round on.
@@ -181,7 +178,6 @@ async def ack(request: HttpRequest, principal: Principal, queue: str) -> HttpRes
     """Delete the messages of these leases: ``{"acked": n, "stale": [R, ...]}``."""
     _, results, stale = await _end(request, principal, queue, "ack")
     acked = _applied(results)
-    current_runtime().engine.count(queue, "acked", acked)
     return _json({"acked": acked, "stale": stale})
 
 

@@ -230,7 +230,6 @@ class WorkerSocket(GatewaySocket):
         def landed(result: Result) -> None:
             if self._settle(receipt, result):
                 self.acked += 1
-                self.engine.count(self.queue, "acked")
                 if not follow_ups:
                     self.push(ACKED if ref is None else encode_acked(ref))
                     return
@@ -250,7 +249,6 @@ class WorkerSocket(GatewaySocket):
             pending -= 1
             if self._settle(receipt, result, poke=False):
                 self.acked += 1
-                self.engine.count(self.queue, "acked")
             else:
                 not_acked.append(receipt)
             if pending == 0:

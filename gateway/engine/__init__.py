@@ -17,7 +17,7 @@ import socket
 import sqlite3
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from django.db import connections
 
@@ -32,7 +32,6 @@ from gateway.store import (
     Ack,
     CommitTxn,
     Enqueue,
-    EnqueueResult,
     Op,
     Result,
     Returns,
@@ -45,8 +44,6 @@ __all__ = ["PROCESS_NAME", "Engine", "django_store"]
 T = TypeVar("T")
 
 
-COUNTERS = ("enqueued", "delivered", "redelivered", "acked", "dead_lettered")
-
 #: How often an enqueue blocked on a full ``block`` queue tries again, at
 #: most: room made by this process wakes it at once, room made by another
 #: process (or by expiry) is found by this poll.
@@ -54,9 +51,9 @@ ROOM_POLL = 0.1
 #: The poll of one waiting enqueue doubles up to this, so many of them cost little.
 ROOM_POLL_MAX = 1.0
 
-#: Ops whose results are counted (and may wait for room) on landing; a tuple,
-#: which isinstance() checks faster than a union, once per op.
-_COUNTED_OPS = (Enqueue, Ack, CommitTxn)
+#: Ops that enqueue, so may meet a full ``block`` queue and wait for room on
+#: landing; a tuple, which isinstance() checks faster than a union, once per op.
+_ENQUEUING_OPS = (Enqueue, Ack, CommitTxn)
 
 #: This process's name: host and pid (labels it in stats; signs its NOTIFYs).
 PROCESS_NAME = f"{socket.gethostname()}:{os.getpid()}"
@@ -176,7 +173,6 @@ class Engine:
         #: every open socket of this process (each has ``describe()``)
         self.sockets: set[Any] = set()
         #: per-queue running totals since the process started (the dashboard's rates)
-        self.counters: dict[str, dict[str, int]] = {}
         self.started_at = time.time()
         self.process = PROCESS_NAME
         self.listener: Any = None
@@ -228,9 +224,9 @@ class Engine:
         appears, for up to ``block_wait`` seconds, then answered
         ``backpressure`` (protocol 1.1: bounded queues).
         """
-        if not isinstance(op, _COUNTED_OPS) or (type(op) is Ack and not op.follow_ups):
-            # Nothing to count on landing, and no room to wait for (a plain
-            # ack is most of a worker's traffic): the result goes straight back.
+        if not isinstance(op, _ENQUEUING_OPS) or (type(op) is Ack and not op.follow_ups):
+            # No room to wait for (a plain ack is most of a worker's traffic):
+            # the result goes straight back.
             self.committer.submit(op, callback)
         else:
             self.committer.submit(op, lambda result: self._landed(op, result, callback, None))
@@ -243,14 +239,7 @@ class Engine:
         deadline: float | None,
         poll: float = ROOM_POLL,
     ) -> None:
-        if not isinstance(result, ProtocolError):
-            if isinstance(op, Enqueue):
-                enqueued = cast(list[EnqueueResult], result)
-                self.count(op.queue, "enqueued", sum(1 for r in enqueued if not r.duplicate))
-            elif isinstance(op, Ack):
-                for queue, _ in op.follow_ups:
-                    self.count(queue, "enqueued")
-        elif isinstance(result, QueueFull) and result.may_wait:
+        if isinstance(result, QueueFull) and result.may_wait:
             now = time.monotonic()
             deadline = now + self.block_wait if deadline is None else deadline
             if now < deadline:
@@ -291,13 +280,11 @@ class Engine:
         if not waiters:
             del self._room_waiters[queue]
 
-    def count(self, queue: str, what: str, n: int = 1) -> None:
-        """Add to a queue's counters (enqueued, delivered, redelivered, acked, dead_lettered)."""
-        counters = self.counters.get(queue)
-        if counters is None:
-            counters = self.counters[queue] = dict.fromkeys(COUNTERS, 0)
-        counters[what] += n
-        if what == "delivered" and n and queue in self._room_waiters:
+    def leased(self, queue: str, n: int) -> None:
+        """``n`` messages of ``queue`` were leased: enqueues waiting for room in
+        a full ``block`` queue may try again. (The queues' counters are the
+        store's: each batch reports what it counted to the metrics.)"""
+        if n and queue in self._room_waiters:
             self.room_made(queue, n)
 
     async def call(self, op: Returns[T]) -> T:
@@ -324,7 +311,7 @@ class Engine:
         """The pump of ``queue``, made on first use."""
         pump = self.pumps.get(queue)
         if pump is None:
-            pump = self.pumps[queue] = QueuePump(queue, self.committer.submit, self.count)
+            pump = self.pumps[queue] = QueuePump(queue, self.committer.submit, self.leased)
         return pump
 
     def attach(self, queue: str, sink: WorkerSink) -> QueuePump:

@@ -62,18 +62,18 @@ class QueuePump:
     Args:
         queue: the queue name.
         submit: the committer's ``submit``.
-        count: adds to the queue's counters (``delivered``, ``redelivered``, ...).
+        leased: told how many messages of the queue each round leased.
     """
 
     def __init__(
         self,
         queue: str,
         submit: Callable[[Op, Callable[[Result], None]], None],
-        count: Callable[[str, str, int], None] | None = None,
+        leased: Callable[[str, int], None] | None = None,
     ) -> None:
         self.queue = queue
         self._submit = submit
-        self._count = count
+        self._leased = leased
         self._sinks: list[WorkerSink] = []
         self._scheduler = LeaseScheduler()
         self._timer: asyncio.TimerHandle | None = None
@@ -171,11 +171,8 @@ class QueuePump:
         self._scheduler.finish(token, requested, len(result.delivered))
         self.delivered += len(result.delivered)
         self.dead_lettered += result.dead_lettered
-        if self._count is not None:
-            again = sum(1 for d in result.delivered if d.deliveries > 1)
-            self._count(self.queue, "delivered", len(result.delivered))
-            self._count(self.queue, "redelivered", again)
-            self._count(self.queue, "dead_lettered", result.dead_lettered)
+        if self._leased is not None:
+            self._leased(self.queue, len(result.delivered))
         leftover = self._hand_out(result.delivered, timeout)
         if leftover:
             # The sockets that asked closed or filled meanwhile: hand the

@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -53,6 +51,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from gateway.core.leases import LEASE_SECONDS_BUCKETS, format_bound
+from gateway.engine import PROCESS_NAME
 from gateway.engine.schedules import schedule_fired_family
 from gateway.store.leasing import LEASE_SECONDS, LEASE_SECONDS_SUM
 from gateway.topics.presence import shared_presence_counts
@@ -98,8 +97,8 @@ _HELP = {
 #: Message states of ``leasecast_queue_messages``.
 STATES = ("visible", "delayed", "in_flight", "dead")
 
-#: This process's name in ``leasecast_sockets`` (the same as in ``/api/stats``).
-PROCESS = f"{socket.gethostname()}:{os.getpid()}"
+#: This process's name in ``leasecast_sockets`` (the one ``/api/stats`` uses).
+PROCESS = PROCESS_NAME
 #: Seconds between two flushes of a process's counts to Redis.
 FLUSH_INTERVAL = 1.0
 #: Seconds a process's socket gauges outlive its last flush in Redis.
