@@ -97,3 +97,17 @@ def test_every_cited_decision_is_defined_in_docs_design() -> None:
         if missing:
             found.append(f"{path.relative_to(ROOT)}: decision {sorted(missing)}")
     assert not found, "decisions docs/design.md does not define:\n" + "\n".join(found)
+
+
+#: "issue 26", "issues 21 and 22": the project's tracker, which a reader of the docs does not have.
+TRACKER = re.compile(r"\bissues?\s+\d+", re.IGNORECASE)
+
+
+def test_the_docs_cite_no_tracker_issue() -> None:
+    found = []
+    for path in repository_files():
+        if path.suffix != ".md":
+            continue
+        text = " ".join(path.read_text(errors="replace").split())
+        found += [f"{path.relative_to(ROOT)}: {m.group(0)!r}" for m in TRACKER.finditer(text)]
+    assert not found, "the docs cite tracker issues a reader cannot look up:\n" + "\n".join(found)
