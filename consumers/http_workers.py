@@ -59,6 +59,10 @@ class _Waiter:
         return 0 if self.done.is_set() else self._n
 
     @property
+    def room(self) -> int:
+        return self.demand
+
+    @property
     def visibility_timeout(self) -> float | None:
         return self._timeout
 

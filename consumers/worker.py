@@ -51,6 +51,14 @@ __all__ = ["WorkerSocket"]
 
 MAX_PREFETCH = 1000
 
+#: Seconds a socket gets no new lease after one of its leases ran out while
+#: its client had said nothing for as long (or until the client is heard
+#: from): a client cut off from this process keeps a live socket here until
+#: the pings give it up, and without the pause its freed room would take the
+#: expired message straight back, ahead of the workers of other processes
+#: (docs/reliability.md, "Partitions between hosts").
+QUIET_HOLD = 1.0
+
 
 class WorkerSocket(GatewaySocket):
     """A worker: receives ``deliver`` frames and ends its leases."""
@@ -82,6 +90,9 @@ class WorkerSocket(GatewaySocket):
         self._timeout = timeout
         self.leases = WorkerLeases(prefetch, time.time)
         self._expiry_timer: asyncio.TimerHandle | None = None
+        #: when the client's last frame arrived (time.monotonic())
+        self._heard_at = time.monotonic()
+        self._quiet_hold: asyncio.TimerHandle | None = None
         self.acked = self.nacked = self.rejected = self.redelivered = 0
 
     def opened(self) -> None:
@@ -91,6 +102,8 @@ class WorkerSocket(GatewaySocket):
         self.engine.detach(self.queue, self)
         if self._expiry_timer is not None:
             self._expiry_timer.cancel()
+        if self._quiet_hold is not None:
+            self._quiet_hold.cancel()
         held = self.leases.receipts()
         if held:
             # Released at once, not after their timeout (protocol: Work queue).
@@ -100,6 +113,12 @@ class WorkerSocket(GatewaySocket):
 
     @property
     def demand(self) -> int:
+        return self.leases.demand if self._open and self._quiet_hold is None else 0
+
+    @property
+    def room(self) -> int:
+        # Not shut by the quiet hold: a round that was under way when the hold
+        # began may still hand its messages here rather than release them.
         return self.leases.demand if self._open else 0
 
     @property
@@ -175,10 +194,30 @@ class WorkerSocket(GatewaySocket):
         if self.leases.expire():
             # Expired leases free prefetch room; the messages themselves come
             # due in the store at the same moment and the pump's timer finds them.
+            if self._quiet_hold is None and time.monotonic() - self._heard_at >= QUIET_HOLD:
+                # A lease ran out and the client has been silent: maybe cut
+                # off. The room stays shut a moment, so that a worker elsewhere
+                # takes the message rather than this socket again.
+                loop = asyncio.get_running_loop()
+                self._quiet_hold = loop.call_later(QUIET_HOLD, self._end_quiet_hold)
             self.pump.poke()
         self._arm_expiry()
 
+    def _end_quiet_hold(self) -> None:
+        if self._quiet_hold is not None:
+            self._quiet_hold.cancel()
+            self._quiet_hold = None
+        if self._open:
+            self.pump.poke()
+
     # -- frames
+
+    def receive_text(self, text_data: str) -> None:
+        # Any frame shows the client is there: it may take work again at once.
+        self._heard_at = time.monotonic()
+        if self._quiet_hold is not None:
+            self._end_quiet_hold()
+        super().receive_text(text_data)
 
     def handle(self, frame: ClientFrame) -> None:
         match frame:

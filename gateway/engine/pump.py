@@ -46,14 +46,20 @@ class WorkerSink(Protocol):
 
     @property
     def demand(self) -> int:
-        """How many more deliveries the socket takes now."""
+        """How many more deliveries the socket asks for now (what rounds are run for)."""
+
+    @property
+    def room(self) -> int:
+        """How many more deliveries the socket can take (at least ``demand``): a
+        round already under way hands out up to this, so that nothing it leased
+        goes back with a delivery spent when a socket stopped asking meanwhile."""
 
     @property
     def visibility_timeout(self) -> float | None:
         """The lease length the socket asked for (None: the queue's)."""
 
     def deliver(self, items: list[Delivered]) -> None:
-        """Take ownership of ``items`` (never more than ``demand``)."""
+        """Take ownership of ``items`` (never more than ``room``)."""
 
 
 class QueuePump:
@@ -188,7 +194,7 @@ class QueuePump:
         if not sinks:
             return items
         shares: list[list[Delivered]] = [[] for _ in sinks]
-        room = [s.demand for s in sinks]
+        room = [s.room for s in sinks]
         i = self._rotation % len(sinks)
         taken = 0
         idle = 0

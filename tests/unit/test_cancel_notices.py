@@ -22,6 +22,10 @@ class Holder:
         return 0
 
     @property
+    def room(self) -> int:
+        return 0
+
+    @property
     def visibility_timeout(self) -> float | None:
         return None
 
