@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.databases import ROOT, manage, sqlite_database
+from tests.support.waiting import WAIT_TIMEOUT
 
 __all__ = [
     "DAPHNE",
@@ -160,7 +161,7 @@ class GatewayProcess:
     def ws(self) -> str:
         return f"ws://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> None:
+    def start(self, timeout: float = WAIT_TIMEOUT) -> None:
         """Start the server and wait until ``/healthz`` answers from this process.
 
         The port was free when it was chosen; in a parallel run another test
