@@ -116,12 +116,6 @@ class WorkerSocket(GatewaySocket):
         return self.leases.demand if self._open and self._quiet_hold is None else 0
 
     @property
-    def room(self) -> int:
-        # Not shut by the quiet hold: a round that was under way when the hold
-        # began may still hand its messages here rather than release them.
-        return self.leases.demand if self._open else 0
-
-    @property
     def visibility_timeout(self) -> float | None:
         return self._timeout
 
@@ -194,14 +188,30 @@ class WorkerSocket(GatewaySocket):
         if self.leases.expire():
             # Expired leases free prefetch room; the messages themselves come
             # due in the store at the same moment and the pump's timer finds them.
-            if self._quiet_hold is None and time.monotonic() - self._heard_at >= QUIET_HOLD:
-                # A lease ran out and the client has been silent: maybe cut
-                # off. The room stays shut a moment, so that a worker elsewhere
-                # takes the message rather than this socket again.
-                loop = asyncio.get_running_loop()
-                self._quiet_hold = loop.call_later(QUIET_HOLD, self._end_quiet_hold)
+            if self._quiet():
+                # A lease ran out and the client has been silent: maybe this
+                # process is cut off from its clients. Then so is every other
+                # socket of the queue here whose client has gone quiet (one
+                # that acked all it had holds no lease to run out, but has
+                # room): all of them stay shut a moment, so that a worker
+                # elsewhere takes the message rather than a dead socket here.
+                for sink in self.pump.sinks:
+                    if isinstance(sink, WorkerSocket):
+                        sink.hold_if_quiet()
             self.pump.poke()
         self._arm_expiry()
+
+    def _quiet(self) -> bool:
+        """Whether the client has sent nothing for :data:`QUIET_HOLD` seconds."""
+        return time.monotonic() - self._heard_at >= QUIET_HOLD
+
+    def hold_if_quiet(self) -> None:
+        """Take no new lease for :data:`QUIET_HOLD` seconds, or until the client
+        sends a frame, if it has been silent that long (a lease of the queue ran
+        out on a silent socket of this process)."""
+        if self._open and self._quiet_hold is None and self._quiet():
+            loop = asyncio.get_running_loop()
+            self._quiet_hold = loop.call_later(QUIET_HOLD, self._end_quiet_hold)
 
     def _end_quiet_hold(self) -> None:
         if self._quiet_hold is not None:

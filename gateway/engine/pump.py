@@ -37,6 +37,11 @@ log = logging.getLogger("leasecast.pump")
 MAX_ROUND = 1000
 #: Shortest gap between timer-driven rounds, so a stream of due times coalesces.
 MIN_TIMER_GAP = 0.01
+#: How long after a due time its timer-driven round runs: when a lease held
+#: by a socket here runs out at that moment, the socket's own expiry timer
+#: (same deadline) goes first, so the round sees what it decided (a worker
+#: socket may shut its room for a moment: consumers.worker.QUIET_HOLD).
+AFTER_DUE = 0.02
 #: Wait before retrying after the store failed a round.
 RETRY_AFTER = 0.5
 
@@ -49,17 +54,11 @@ class WorkerSink(Protocol):
         """How many more deliveries the socket asks for now (what rounds are run for)."""
 
     @property
-    def room(self) -> int:
-        """How many more deliveries the socket can take (at least ``demand``): a
-        round already under way hands out up to this, so that nothing it leased
-        goes back with a delivery spent when a socket stopped asking meanwhile."""
-
-    @property
     def visibility_timeout(self) -> float | None:
         """The lease length the socket asked for (None: the queue's)."""
 
     def deliver(self, items: list[Delivered]) -> None:
-        """Take ownership of ``items`` (never more than ``room``)."""
+        """Take ownership of ``items`` (never more than ``demand``)."""
 
 
 class QueuePump:
@@ -181,9 +180,12 @@ class QueuePump:
             self._leased(self.queue, len(result.delivered))
         leftover = self._hand_out(result.delivered, timeout)
         if leftover:
-            # The sockets that asked closed or filled meanwhile: hand the
-            # messages straight back rather than wait for their timeout.
-            self._submit(Release(self.queue, [d.receipt for d in leftover]), self._released)
+            # The sockets that asked closed, filled or paused meanwhile: hand
+            # the messages straight back, undelivered, rather than wait for
+            # their timeout (a paused socket's client may be cut off).
+            self.delivered -= len(leftover)
+            receipts = [d.receipt for d in leftover]
+            self._submit(Release(self.queue, receipts, undelivered=True), self._released)
         if result.next_due is not None:
             self._arm(result.next_due)
         self.poke()
@@ -194,7 +196,7 @@ class QueuePump:
         if not sinks:
             return items
         shares: list[list[Delivered]] = [[] for _ in sinks]
-        room = [s.room for s in sinks]
+        room = [s.demand for s in sinks]
         i = self._rotation % len(sinks)
         taken = 0
         idle = 0
@@ -222,7 +224,7 @@ class QueuePump:
     # -- the timer for the next due message
 
     def _arm(self, due: float) -> None:
-        due = max(due, time.time() + MIN_TIMER_GAP)
+        due = max(due + AFTER_DUE, time.time() + MIN_TIMER_GAP)
         if self._timer is not None and self._timer_at <= due and self._timer_at > time.time():
             return
         self._cancel_timer()

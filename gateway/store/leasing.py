@@ -388,8 +388,21 @@ def extend(txn: Txn, op: Extend) -> float:
     return float(row[0])
 
 
+#: Hands a lease back. ``%s`` after SET: 0, or 1 for a lease no client saw
+#: (a round's leftovers), whose delivery is taken back. The queue counters
+#: keep it: they are Prometheus counters, which only ever go up.
+_RELEASE = (
+    "UPDATE leasecast_message SET state = 0, visible_at = %s, lease_token = NULL, "
+    "deliveries = deliveries - %s "
+    "WHERE id = %s AND lease_token = %s AND state = 1 "
+    "AND (expires_at IS NULL OR expires_at > %s)"
+)
+
+
 def release(txn: Txn, op: Release) -> int:
-    """Hand leases back at once (a closed socket); stale receipts are skipped."""
+    """Hand leases back at once (a closed socket, or a round's leftovers);
+    stale receipts are skipped."""
+    taken_back = 1 if op.undelivered else 0
     released = 0
     for receipt in op.receipts:
         parsed = parse_receipt(receipt)
@@ -400,12 +413,7 @@ def release(txn: Txn, op: Release) -> int:
         # message past its ttl is not (expiry ended the lease, even if no
         # sweep has dead-lettered it yet). A group's head stays its head, so
         # the group keeps its order.
-        released += txn.exec(
-            "UPDATE leasecast_message SET state = 0, visible_at = %s, lease_token = NULL "
-            "WHERE id = %s AND lease_token = %s AND state = 1 "
-            "AND (expires_at IS NULL OR expires_at > %s)",
-            (txn.now, *parsed, txn.now),
-        ).rowcount
+        released += txn.exec(_RELEASE, (txn.now, taken_back, *parsed, txn.now)).rowcount
     if released:
         txn.woken.add(op.queue)
         txn.lengths.clear()  # visible again: they count against max_length

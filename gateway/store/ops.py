@@ -284,10 +284,16 @@ class Extend(Returns[float]):
 
 @dataclass(frozen=True, slots=True)
 class Release(Returns[int]):
-    """Release leases of ``queue`` at once (receipts that went stale are skipped)."""
+    """Release leases of ``queue`` at once (receipts that went stale are skipped).
+
+    ``undelivered``: the leases never reached a client (what a lease round
+    leased for sockets that closed or paused meanwhile), so their delivery is
+    taken back: ``deliveries`` as before the round.
+    """
 
     queue: str
     receipts: Sequence[str]
+    undelivered: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,17 +8,21 @@ one that had just expired, so it bounced on the dead socket (its
 (tests/cluster/test_partitions.py found it across hosts). A socket whose
 client has said nothing since before such a lease began now gets no new
 lease for ``consumers.worker.QUIET_HOLD`` seconds, or until the client is
-heard from; a worker alone on its queue still gets the message again.
+heard from; so does every other socket of the queue on that process whose
+client has been silent as long (one cut off with it, that had acked all it
+held and so has room). A worker alone on its queue still gets the message
+again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from consumers.worker import QUIET_HOLD
 from tests.integration.test_workqueue import enqueue, producer, worker
-from tests.support.clients import unique
+from tests.support.clients import Socket, unique
 from tests.support.gateways import GatewayProcess
 
 TIMEOUT = 1.0  # the lease's visibility timeout in these tests
@@ -39,6 +43,9 @@ async def test_an_expired_lease_of_a_silent_socket_goes_to_another_worker(
             sent = await enqueue(p, q, "job")
             (first,) = await silent.deliveries(1)
             assert (first["id"], first["deliveries"]) == (sent["id"], 1)
+            # The other opens halfway through the lease, so it has not been
+            # silent for QUIET_HOLD when the lease runs out (else it is paused too).
+            await asyncio.sleep(TIMEOUT / 2)
             other = await worker(gateway, admin_token, q, prefetch=1, visibility_timeout=TIMEOUT)
             (again,) = await other.deliveries(1, timeout=TIMEOUT + 10)
             assert (again["id"], again["deliveries"]) == (sent["id"], 2)
@@ -94,3 +101,42 @@ async def test_a_worker_that_speaks_takes_work_again_at_once(
     finally:
         await w.close()
         await p.close()
+
+
+async def test_an_idle_silent_socket_is_paused_too_when_a_lease_runs_out_beside_it(
+    gateway: GatewayProcess, admin_token: str
+) -> None:
+    """A socket that has room and has said nothing for QUIET_HOLD is not handed
+    the expired message at once either: across hosts it is as likely to be cut
+    off as the one whose lease ran out (test_partitions found it so)."""
+    q = unique("quiet-idle")
+    lease = 2.5  # so that the idle socket has been silent for QUIET_HOLD by its end
+    p = await producer(gateway, admin_token)
+    frozen = await worker(gateway, admin_token, q, prefetch=1, visibility_timeout=lease)
+    idle: Socket | None = None
+    try:
+        sent = await enqueue(p, q, "job")
+        (first,) = await frozen.deliveries(1)
+        assert (first["id"], first["deliveries"]) == (sent["id"], 1)
+        started = time.monotonic()
+        idle = await worker(gateway, admin_token, q, prefetch=1, visibility_timeout=lease)
+        again = await first_delivery(frozen, idle, timeout=lease + QUIET_HOLD + 10)
+        waited = time.monotonic() - started
+        assert (again["id"], again["deliveries"]) == (sent["id"], 2)
+        # Without the pause the idle socket takes it the moment the lease ends.
+        assert waited >= lease + QUIET_HOLD - 0.5, waited
+    finally:
+        for s in (frozen, idle, p):
+            if s is not None:
+                await s.close()
+
+
+async def first_delivery(*sockets: Socket, timeout: float) -> dict[str, Any]:
+    """The first ``deliver`` frame any of ``sockets`` receives."""
+    waits = [asyncio.ensure_future(s.next(timeout)) for s in sockets]
+    done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for w in pending:
+        w.cancel()
+    frame = next(iter(done)).result()
+    assert frame["op"] == "deliver", frame
+    return frame

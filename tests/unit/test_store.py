@@ -150,6 +150,25 @@ def test_release_makes_visible_at_once(store: Store, queue: str) -> None:
     assert [d.deliveries for d in again.delivered] == [2, 2]
 
 
+def test_a_lease_no_client_saw_is_released_with_its_delivery_taken_back(
+    store: Store, queue: str
+) -> None:
+    """A round's leftovers (the sockets closed or paused meanwhile) go back as
+    they were: the next lease is their first delivery, or the same redelivery."""
+    enqueue(store, queue, 1, 2)
+    got = lease(store, queue)
+    receipts = [d.receipt for d in got.delivered]
+    assert one(store, Release(queue, receipts[:1], undelivered=True)) == 1
+    assert one(store, Release(queue, receipts[1:])) == 1  # seen by a client: counted
+    again = lease(store, queue)
+    assert [d.deliveries for d in again.delivered] == [1, 2]
+    receipts = [d.receipt for d in again.delivered]
+    assert one(store, Release(queue, [*receipts, "junk"], undelivered=True)) == 2
+    assert [d.deliveries for d in lease(store, queue).delivered] == [1, 2]
+    # A stale receipt takes nothing back.
+    assert one(store, Release(queue, receipts, undelivered=True)) == 0
+
+
 def test_extend_moves_the_expiry(store: Store, queue: str, clock: FakeClock) -> None:
     enqueue(store, queue, 1)
     (d,) = lease(store, queue, timeout=5).delivered
