@@ -26,6 +26,7 @@ from gateway.core.errors import Backpressure, ProtocolError, QueueFull
 from gateway.engine.cancels import CancelNotices
 from gateway.engine.committer import Callback, Committer
 from gateway.engine.pump import QueuePump, WorkerSink
+from gateway.engine.wal import NO_AUTOCHECKPOINT, WalCheckpointer
 from gateway.store import (
     POSTGRESQL,
     SQLITE,
@@ -100,6 +101,9 @@ def django_store() -> Store:
         if isinstance(raw, sqlite3.Connection):
             check_sqlite(raw)
             raw.isolation_level = None  # we issue BEGIN IMMEDIATE / COMMIT ourselves
+            # The process's WalCheckpointer checkpoints, not this connection's
+            # commits (gateway.engine.wal).
+            raw.execute(NO_AUTOCHECKPOINT)
         else:
             raw.autocommit = True
             _bind_on_server(raw, wrapper.settings_dict.get("OPTIONS") or {})
@@ -177,6 +181,8 @@ class Engine:
         self.process = PROCESS_NAME
         self.listener: Any = None
         self.local_listener: Any = None
+        #: on SQLite, the thread that checkpoints the store's log (gateway.engine.wal)
+        self.checkpointer: WalCheckpointer | None = None
         #: cancelled leases told to this process's sockets (protocol 1.2: Cancel)
         self.cancels = CancelNotices(self.pumps)
         committer.fold = self._fold
@@ -202,6 +208,8 @@ class Engine:
             self.listener.stop()
         if self.local_listener is not None:
             self.local_listener.cancel()
+        if self.checkpointer is not None:
+            self.checkpointer.stop()
         self.committer.close()
 
     def describe(self) -> dict[str, Any]:

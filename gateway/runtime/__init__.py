@@ -34,6 +34,7 @@ from gateway.engine import PROCESS_NAME, Engine, django_store
 from gateway.engine.committer import Committer
 from gateway.engine.notify import start_listener, start_local_listener
 from gateway.engine.schedules import Scheduler
+from gateway.engine.wal import WalCheckpointer
 from gateway.runtime.layer import ProcessChannel
 from gateway.runtime.metrics import ProcessMetrics
 from gateway.runtime.task_topics import TaskAwareTopicSettings
@@ -186,6 +187,8 @@ def _build_engine(
         # Enqueues committed by other processes on this SQLite file
         # (gateway.host.producer, admin actions) arrive as datagrams.
         engine.local_listener = loop.create_task(start_local_listener(engine.wake_all, cancelled))
+        # The store's connections leave the log's checkpoints to this thread.
+        engine.checkpointer = WalCheckpointer().start()
     return engine
 
 
