@@ -58,7 +58,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -650,37 +649,30 @@ def show(t: Throughput, resumes: list[Resume]) -> str:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    from tests.support.databases import sqlite_database
-    from tests.support.gateways import GatewayProcess
+    from tests.support.gateways import sqlite_gateway
 
     throughput: list[Throughput] = []
     resumes: list[Resume] = []
-    var = Path(tempfile.mkdtemp(prefix="leasecast-bench-jsclient-"))
-    with sqlite_database(var) as env:
-        gateway = GatewayProcess(env, var, name="bench-jsclient")
-        gateway.start()
-        try:
-            admin = gateway.issue_token("admin", name="bench")
-            async with (
-                JsClient.open(gateway.http, admin) as js,
-                PythonClient.open(gateway.ws, admin) as py,
-            ):
-                clients: tuple[Client, Client] = (js, py)
-                # One small unmeasured round each: the gateway's first
-                # publishes and a client's first messages are slower (imports,
-                # JIT, SQLite pages).
-                small = {"messages": min(2000, args.messages), "missed": min(1000, args.missed)}
-                warm = argparse.Namespace(**(vars(args) | small))
-                for client in clients:
-                    await one_round(client, gateway, admin, warm, -1)
-                for rnd in range(args.rounds):
-                    for client in clients if rnd % 2 == 0 else clients[::-1]:
-                        t, rs = await one_round(client, gateway, admin, args, rnd)
-                        throughput.append(t)
-                        resumes.extend(rs)
-                        print(show(t, rs), flush=True)
-        finally:
-            gateway.stop()
+    with sqlite_gateway("bench-jsclient") as gateway:
+        admin = gateway.issue_token("admin", name="bench")
+        async with (
+            JsClient.open(gateway.http, admin) as js,
+            PythonClient.open(gateway.ws, admin) as py,
+        ):
+            clients: tuple[Client, Client] = (js, py)
+            # One small unmeasured round each: the gateway's first
+            # publishes and a client's first messages are slower (imports,
+            # JIT, SQLite pages).
+            small = {"messages": min(2000, args.messages), "missed": min(1000, args.missed)}
+            warm = argparse.Namespace(**(vars(args) | small))
+            for client in clients:
+                await one_round(client, gateway, admin, warm, -1)
+            for rnd in range(args.rounds):
+                for client in clients if rnd % 2 == 0 else clients[::-1]:
+                    t, rs = await one_round(client, gateway, admin, args, rnd)
+                    throughput.append(t)
+                    resumes.extend(rs)
+                    print(show(t, rs), flush=True)
     return {
         "throughput": [asdict(t) for t in throughput],
         "resume": [asdict(r) | {"replay_per_s": r.replay_per_s} for r in resumes],

@@ -24,8 +24,8 @@ from bench.spark import partition_poster, price_of_exactly_once
 from bench.spark import table as spark_table
 from bench.workqueue import LeasecastTarget
 from tests.support.clients import http
-from tests.support.databases import ROOT, sqlite_database
-from tests.support.gateways import GatewayProcess
+from tests.support.databases import ROOT
+from tests.support.gateways import sqlite_gateway
 
 
 def bench(*args: str, timeout: float) -> str:
@@ -133,22 +133,16 @@ def test_profile_summary_reads_py_spy_raw_output(tmp_path: Path) -> None:
 def test_partition_poster_posts_a_partition_in_requests_of_the_limit() -> None:
     """The fair Spark baseline's per-partition POST, against a real gateway (no JVM needed)."""
     row_type = pytest.importorskip("pyspark.sql", reason="pyspark is not installed").Row
-    var = Path(tempfile.mkdtemp(prefix="leasecast-bench-smoke-"))
-    with sqlite_database(var) as env:
-        gateway = GatewayProcess(env, var, name="bench-smoke")
-        gateway.start()
-        try:
-            token = gateway.issue_token("admin", name="bench")
-            post = partition_poster(gateway.http, token, "smoke", limit=3)
-            post(iter([row_type(id=i, name=f"row {i}") for i in range(7)]))  # 3 requests
-            status, stats = http("GET", f"{gateway.http}/api/queues/smoke", token)
-            assert status == 200 and stats["visible"] == 7
-            status, page = http("GET", f"{gateway.http}/api/queues/smoke/messages", token)
-            assert status == 200
-            bodies = [m["body"] for m in page["messages"]]
-            assert bodies == [{"id": i, "name": f"row {i}"} for i in range(7)]
-        finally:
-            gateway.stop()
+    with sqlite_gateway("bench-smoke") as gateway:
+        token = gateway.issue_token("admin", name="bench")
+        post = partition_poster(gateway.http, token, "smoke", limit=3)
+        post(iter([row_type(id=i, name=f"row {i}") for i in range(7)]))  # 3 requests
+        status, stats = http("GET", f"{gateway.http}/api/queues/smoke", token)
+        assert status == 200 and stats["visible"] == 7
+        status, page = http("GET", f"{gateway.http}/api/queues/smoke/messages", token)
+        assert status == 200
+        bodies = [m["body"] for m in page["messages"]]
+        assert bodies == [{"id": i, "name": f"row {i}"} for i in range(7)]
 
 
 def test_spark_table_reports_the_price_of_exactly_once() -> None:

@@ -17,6 +17,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -254,6 +255,20 @@ class GatewayProcess:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+@contextmanager
+def sqlite_gateway(name: str) -> Iterator[GatewayProcess]:
+    """A started gateway process on a fresh SQLite database of its own (in a
+    temporary ``var/``), stopped at the end."""
+    var = Path(tempfile.mkdtemp(prefix=f"leasecast-{name}-"))
+    with sqlite_database(var) as env:
+        gateway = GatewayProcess(env, var, name=name)
+        gateway.start()
+        try:
+            yield gateway
+        finally:
+            gateway.stop()
 
 
 @contextmanager
