@@ -7,17 +7,14 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support.clients import http
-from tests.support.databases import sqlite_database
-from tests.support.gateways import GatewayProcess
+from tests.support.gateways import GatewayProcess, sqlite_gateway
 
 
 def spark_missing() -> str | None:
@@ -61,19 +58,6 @@ def spark() -> Iterator[Any]:
     session.dataSource.register(LeasecastDataSource)
     yield session
     session.stop()
-
-
-@contextmanager
-def sqlite_gateway(name: str) -> Iterator[GatewayProcess]:
-    """A running gateway on a fresh SQLite database of its own."""
-    var = Path(tempfile.mkdtemp(prefix=f"leasecast-{name}-"))
-    with sqlite_database(var) as env:
-        gateway = GatewayProcess(env, var, name=name)
-        gateway.start()
-        try:
-            yield gateway
-        finally:
-            gateway.stop()
 
 
 @pytest.fixture(scope="module")

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.spark.conftest import drain_ids, sqlite_gateway, visible, write_files
+from tests.spark.conftest import drain_ids, visible, write_files
 from tests.support.clients import unique
 from tests.support.databases import ROOT
-from tests.support.gateways import GatewayProcess
+from tests.support.gateways import GatewayProcess, sqlite_gateway
 from tests.support.waiting import wait_until_blocking
 
 ROWS = 10_000
