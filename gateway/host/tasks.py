@@ -231,6 +231,13 @@ class LeasecastBackend(BaseTaskBackend):
                 .values_list("state", "visible_at", "dead_reason")
                 .first()
             )
+            if message is None or message[0] == StoredState.DEAD:
+                again = TaskRecord.objects.using(self.database).filter(id=result_id).first()
+                if again is not None and again.status != TaskResultStatus.READY:
+                    # A worker's outcome and the ack that deletes its message
+                    # commit together: the row was read just before that
+                    # commit and the message just after. The row has it now.
+                    return self.get_result(result_id)
             if message is None:
                 # Purged or deleted by an operator before any worker finished it.
                 status = TaskResultStatus.FAILED
