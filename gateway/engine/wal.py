@@ -53,9 +53,6 @@ class WalCheckpointer:
         self.interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="leasecast-wal", daemon=True)
-        #: checkpoints run, and log frames they copied (for tests and stats)
-        self.runs = 0
-        self.copied = 0
 
     def start(self) -> WalCheckpointer:
         self._thread.start()
@@ -67,9 +64,7 @@ class WalCheckpointer:
 
     def checkpoint(self, conn: Any) -> None:
         """One passive checkpoint on ``conn``."""
-        busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        self.runs += 1
-        self.copied += max(0, copied)
+        busy, frames, _ = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         if busy:  # another checkpoint was under way (another process's): next time
             log.debug("WAL checkpoint skipped: another one runs (%s frames)", frames)
 
