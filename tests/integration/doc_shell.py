@@ -80,7 +80,9 @@ class Shell:
         assert self.proc.stdin is not None
         self.runs += 1
         marker = f"{MARK} {self.runs}"
-        self.proc.stdin.write(f'{command}\necho; echo "{marker} $?"\n')
+        # The status is kept before anything else runs: ``echo; echo $?`` would
+        # report the first echo's 0, whatever the command did.
+        self.proc.stdin.write(f'{command}\n__doc_status=$?; echo; echo "{marker} $__doc_status"\n')
         self.proc.stdin.flush()
         deadline = time.monotonic() + timeout
         while marker not in self.text():

@@ -205,3 +205,28 @@ def test_group_priority_and_ttl_columns_of_a_wrong_type_fail_clearly(
                 **options,
             )
     assert visible(site, token, queue) == 0
+
+
+def test_a_batch_refused_at_commit_is_replayed_whole_after_a_restart(
+    spark: Any, site: GatewayProcess
+) -> None:
+    # A full bounded queue refuses the batch's commit (429), Spark fails the
+    # batch and calls the writer's abort(); once there is room, the query
+    # restarted from its checkpoint replays the same batch id, which must
+    # then commit: an abort that ended the gateway transaction made every
+    # replay fail ("was aborted") for good.
+    token = site.issue_token("admin", name="spark-refused")
+    queue = unique("spark-refused")
+    status, _ = http("PATCH", f"{site.http}/api/queues/{queue}", token, {"max_length": 1000})
+    assert status == 200
+    work = Path(tempfile.mkdtemp(prefix="leasecast-refused-"))
+    source, checkpoint = work / "in", work / "checkpoint"
+    write_files(source, 0, 3000, per_file=1500)
+    with pytest.raises(Exception, match=r"HTTP 429"):
+        run_stream(spark, site, token, source, checkpoint, queue, batchSize="500")
+    assert visible(site, token, queue) == 0  # the commit was all or nothing
+    status, _ = http("PATCH", f"{site.http}/api/queues/{queue}", token, {"max_length": 0})
+    assert status == 200
+    run_stream(spark, site, token, source, checkpoint, queue, batchSize="500")
+    assert visible(site, token, queue) == 3000
+    assert sorted(drain_ids(site, token, queue)) == list(range(3000))

@@ -17,7 +17,8 @@ runs on the executors and stages its partition (replacing what a failed
 attempt of the same task staged); ``commit()`` makes the whole batch visible
 at once, and committing a batch again after a restart changes nothing
 (docs/protocol.md, Staged enqueue). A refusal or an unreachable gateway
-raises, the batch fails, and Spark retries it.
+raises, the batch fails, and Spark retries it; a failed batch leaves its
+transaction open (``abort()`` does not abort it), so the replay can commit.
 
 Each write task keeps one HTTP connection to the gateway for all its requests.
 
@@ -36,7 +37,6 @@ executor as it is written, so a replayed batch publishes again (at least once).
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
 import urllib.parse
@@ -265,14 +265,14 @@ class LeasecastStreamWriter(DataSourceStreamWriter):
             gateway.close()
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        if self.topic is not None:
-            return
-        gateway = _Gateway(self.url, self.token, self.timeout)
-        for txn in {m.txn for m in messages if isinstance(m, StagedPartition)}:
-            # If this fails too, staging left behind expires on its own (24 h).
-            with contextlib.suppress(SinkError):
-                gateway.request("POST", f"/api/transactions/{txn}/abort", {})
-        gateway.close()
+        # Spark calls this when a batch fails (a refused request, a stopped
+        # query) and replays the same batch id when the query restarts from
+        # its checkpoint. Aborting the gateway transaction would be final: the
+        # replay's commit would be refused ("was aborted") on every restart.
+        # So the transaction stays open; the replay's commit names the chunks
+        # it staged and discards the rest, and staging never replayed expires
+        # after 24 hours (docs/spark.md).
+        return
 
 
 def _jsonable(value: Any) -> Any:
