@@ -33,12 +33,6 @@ from tests.support.databases import ROOT
 from tests.support.gateways import GatewayProcess
 from tests.support.waiting import wait_until_blocking
 
-# Runs alone, after make test's parallel run: beside other modules' gateways
-# and workers its PostgreSQL tasks came back FAILED (twice in this session's
-# parallel runs, on Django 5.2 and 6.1), and alone they pass. Not understood
-# yet: see the session note.
-pytestmark = pytest.mark.serial
-
 TASKS = "tests.tasksite.tasks"
 FINISHED = ("SUCCESSFUL", "FAILED")
 
