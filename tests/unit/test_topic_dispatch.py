@@ -14,7 +14,7 @@ from typing import Any
 
 from gateway.core.fanout import Policy
 from gateway.core.history import Entry
-from gateway.topics.dispatch import Dispatch, SubscriberSink, Unmetered
+from gateway.topics.dispatch import GATHER_SECONDS, Dispatch, SubscriberSink, Unmetered
 from gateway.topics.followed import Followed
 
 
@@ -89,5 +89,38 @@ async def test_a_block_subscriber_that_stays_full_is_closed_and_delivery_goes_on
         # The second waited for room up to the block wait; no credit came.
         assert sink.closed == "slow_consumer" and dispatch.slow_consumers_closed == 1
         assert followed.complete == 2  # the publish is confirmed all the same
+    finally:
+        dispatch.close()
+
+
+async def test_a_burst_arriving_one_publish_at_a_time_shares_frames() -> None:
+    # Ten subscribers; 200 publishes, one per pass of the event loop (as they
+    # come off a publisher's socket). Sent as they come, that is 200 frames
+    # of one message per subscriber; the sender lets the burst gather after
+    # a thin turn, so each frame holds many.
+    dispatch, first, followed = dispatching(capacity=1000, credit=1000)
+    sinks = [first]
+    for _ in range(9):
+        sub = dispatch.dispatcher.subscribe(
+            "t", capacity=1000, policy=Policy.DROP_OLDEST, credit=1000
+        )
+        sink = dispatch.sinks[sub.sid] = RecordingSink()
+        sinks.append(sink)
+    try:
+        for offset in range(1, 201):
+            dispatch.dispatch_now("t", followed, Entry(offset, b"1", 0.0))
+            await asyncio.sleep(0)
+        for _ in range(100):  # until the last gathered turn has gone
+            if all(len(sink.offsets()) == 200 for sink in sinks):
+                break
+            await asyncio.sleep(GATHER_SECONDS)
+        for sink in sinks:
+            assert sink.offsets() == list(range(1, 201))
+            assert len(sink.frames) <= 50, len(sink.frames)  # 4 or more a frame on average
+        # A publish that finds the sender idle is not held back.
+        await asyncio.sleep(GATHER_SECONDS * 5)
+        dispatch.dispatch_now("t", followed, Entry(201, b"1", 0.0))
+        await sent(dispatch)
+        assert all(sink.offsets()[-1] == 201 for sink in sinks)
     finally:
         dispatch.close()
