@@ -10,38 +10,26 @@ from __future__ import annotations
 
 import random
 import time
-import uuid
 from collections.abc import Iterator
 
-import dj_database_url
 import pytest
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import connections
 from django.test.utils import CaptureQueriesContext
 
 from dashboard.admin import with_counts
 from gateway.core.leases import MessageState, StoredState, observed_state
 from gateway.models import Message, Queue
-from tests.support.databases import database
+from tests.support.databases import database, django_alias
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def alias(request: pytest.FixtureRequest) -> Iterator[str]:
     """A Django alias of this process on a freshly migrated database of each kind."""
-    with database(request.param, prefix="admin-counts-") as (env, _):
-        name = f"counts-{uuid.uuid4().hex[:8]}"
-        if "DATABASE_URL" in env:
-            config = dict(dj_database_url.parse(env["DATABASE_URL"], conn_max_age=0))
-        else:
-            config = {**connections.settings[DEFAULT_DB_ALIAS], "NAME": env["GATEWAY_SQLITE_PATH"]}
-        configured = connections.configure_settings(
-            {DEFAULT_DB_ALIAS: connections.settings[DEFAULT_DB_ALIAS], name: config}
-        )
-        connections.settings[name] = configured[name]
-        try:
-            yield name
-        finally:
-            connections[name].close()
-            del connections.settings[name]
+    with (
+        database(request.param, prefix="admin-counts-") as (env, _),
+        django_alias(env, "counts") as name,
+    ):
+        yield name
 
 
 def test_counts_agree_with_observed_state_row_by_row(alias: str) -> None:

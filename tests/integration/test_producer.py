@@ -33,16 +33,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-import dj_database_url
 import pytest
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import connections, transaction
 
 import gateway as leasecast
 from gateway.core.errors import Backpressure, BadFrame, Invalid, QueueFull, TooLarge
 from gateway.host import on_django
 from gateway.models import Message, Token
 from tests.support.clients import Socket, ahttp, http, unique
-from tests.support.databases import ROOT, sqlite_database
+from tests.support.databases import ROOT, django_alias, sqlite_database
 from tests.support.gateways import GatewayProcess, both_servers
 
 T = TypeVar("T")
@@ -72,24 +71,15 @@ def alias(database_env: tuple[dict[str, str], Path]) -> Iterator[str]:
     alias, so a name is never reused for another database.
     """
     env, _ = database_env
-    alias = f"leasecast-{uuid.uuid4().hex[:8]}"
-    if "DATABASE_URL" in env:
-        config = dict(dj_database_url.parse(env["DATABASE_URL"], conn_max_age=0))
-    else:
-        # The standalone settings' SQLite options (WAL, BEGIN IMMEDIATE), on the gateway's file.
-        config = {**connections.settings[DEFAULT_DB_ALIAS], "NAME": env["GATEWAY_SQLITE_PATH"]}
-    configured = connections.configure_settings(
-        {DEFAULT_DB_ALIAS: connections.settings[DEFAULT_DB_ALIAS], alias: config}
-    )
-    connections.settings[alias] = configured[alias]
-    try:
-        yield alias
-    finally:
-        # Connections of other threads (asgiref's) close when the database is
-        # dropped; without its settings, Django no longer lists them.
-        _DB.submit(_close, alias).result()
-        _close(alias)
-        del connections.settings[alias]
+    # Connections of other threads (asgiref's) close when the database is
+    # dropped; without its settings, Django no longer lists them. The
+    # database thread's is closed here.
+    with django_alias(env, "leasecast", close=_close_on_db_thread) as name:
+        yield name
+
+
+def _close_on_db_thread(alias: str) -> None:
+    _DB.submit(_close, alias).result()
 
 
 class Boom(Exception):

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -45,6 +44,7 @@ from tests.spark.standalone import (
 from tests.support.clients import unique
 from tests.support.databases import sqlite_database
 from tests.support.gateways import GatewayProcess
+from tests.support.processes import LoggedProcess
 
 FILES, PER_FILE, PER_BATCH = 8, 100, 2  # 4 micro-batches of 2 files (2 partitions)
 ROWS = FILES * PER_FILE
@@ -53,11 +53,10 @@ ROWS = FILES * PER_FILE
 DRIVER_SCRIPT = "from spark_feed.job import main\n\nraise SystemExit(main())\n"
 
 
-class Driver:
+class Driver(LoggedProcess):
     """``spark-submit`` of the feed job in its own process group, output to a file."""
 
     def __init__(self, cluster: StandaloneCluster, work: Path, *job_args: str) -> None:
-        self.log = work / f"driver-{time.monotonic_ns()}.log"
         command = [
             str(spark_bin("spark-submit")),
             *("--master", cluster.url),
@@ -68,29 +67,9 @@ class Driver:
             str(work / "feed.py"),
             *job_args,
         ]
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(
-                command,
-                cwd=work,
-                env=cluster.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # kill -9 reaches spark-submit's JVM and the Python
-            )
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def kill(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(30)
-
-    def wait(self, timeout: float = 300) -> int:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(f"the driver did not finish:\n{self.output()[-3000:]}") from None
+        log = work / f"driver-{time.monotonic_ns()}.log"
+        # kill -9 of its group reaches spark-submit's JVM and the Python.
+        super().__init__(command, log, what="the driver", cwd=work, env=cluster.env)
 
 
 @pytest.mark.slow

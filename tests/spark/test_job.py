@@ -8,7 +8,6 @@ through a real worker socket.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -22,16 +21,16 @@ from tests.spark.conftest import drain_ids, visible, write_files
 from tests.support.clients import unique
 from tests.support.databases import ROOT
 from tests.support.gateways import GatewayProcess, sqlite_gateway
+from tests.support.processes import LoggedProcess
 from tests.support.waiting import wait_until_blocking
 
 ROWS = 10_000
 
 
-class Job:
-    """One run of ``python -m spark_feed`` with its output in a file."""
+class Job(LoggedProcess):
+    """One run of ``python -m spark_feed`` in its own process group, output in a file."""
 
     def __init__(self, site: GatewayProcess, token: str, queue: str, work: Path, *extra: str):
-        self.log = work / f"job-{time.monotonic_ns()}.log"
         command = [
             sys.executable,
             "-m",
@@ -55,26 +54,8 @@ class Job:
             str(work / "checkpoint"),
             *extra,
         ]
-        with open(self.log, "wb") as out:
-            # Its own session: kill -9 reaches the driver, the JVM and the workers.
-            self.proc = subprocess.Popen(
-                command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def kill(self) -> None:
-        """``kill -9`` of the whole driver: no shutdown of any kind."""
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(30)
-
-    def wait(self, timeout: float = 300) -> int:
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(f"the job did not finish:\n{self.output()[-3000:]}") from None
+        log = work / f"job-{time.monotonic_ns()}.log"
+        super().__init__(command, log, what="the job", cwd=ROOT)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -128,3 +128,40 @@ def redis_unavailable(url: str = REDIS_URL) -> str | None:
     except Exception as exc:
         return f"Redis at {url} does not answer: {type(exc).__name__}: {exc}"
     return None
+
+
+@contextmanager
+def django_alias(
+    env: dict[str, str], prefix: str, close: Callable[[str], None] | None = None
+) -> Iterator[str]:
+    """A Django connection alias of this test process on the database ``env``
+    selects: its ``DATABASE_URL``, or else its SQLite file with the project's
+    SQLite options (WAL, ``BEGIN IMMEDIATE``).
+
+    The name is ``PREFIX-`` and a random part, never reused for another
+    database: threads keep their connection objects of an alias.
+
+    Args:
+        close: also run at the end with the name, before this thread's
+            connection is closed and the alias removed (a test that used the
+            alias on threads of its own closes theirs there).
+    """
+    import dj_database_url
+    from django.db import DEFAULT_DB_ALIAS, connections
+
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    if "DATABASE_URL" in env:
+        config = dict(dj_database_url.parse(env["DATABASE_URL"], conn_max_age=0))
+    else:
+        config = {**connections.settings[DEFAULT_DB_ALIAS], "NAME": env["GATEWAY_SQLITE_PATH"]}
+    configured = connections.configure_settings(
+        {DEFAULT_DB_ALIAS: connections.settings[DEFAULT_DB_ALIAS], name: config}
+    )
+    connections.settings[name] = configured[name]
+    try:
+        yield name
+    finally:
+        if close is not None:
+            close(name)
+        connections[name].close()
+        del connections.settings[name]
