@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from leasecast import EnqueueResult, Producer, Subscriber, Worker
+from leasecast.link import Link, name_path, ws_url
 
 from gateway.core.errors import Forbidden, ProtocolError, StaleReceipt, Unauthorized
 from tests.support.clients import Socket, ahttp, run_cli, unique
@@ -405,3 +406,29 @@ async def test_a_subscriber_resumes_after_a_forced_disconnect(
     assert [m.offset for m in got] == [first.offset + 1, first.offset + 2, first.offset + 3]
     assert subscriber.reconnects == 1 and subscriber.gaps == 0
     assert subscriber.subscribed is not None and subscriber.subscribed.recovered
+
+
+async def test_a_direct_link_answers_pings_while_its_owner_does_not_read(
+    gateway: GatewayProcess, admin_token: str
+) -> None:
+    """A Subscriber's socket is read by the subscriber's own iteration (no
+    reader task). While the caller is busy, frames must still be taken off the
+    wire so the keepalive's pongs are seen: a socket that stopped reading after
+    16 frames (websockets' default buffer) would be closed for a missed pong."""
+    topic = unique("t")
+    url = ws_url(gateway.ws, name_path("/ws/topics/", topic), {"credit": 1000})
+    link = await Link.open(url, admin_token, direct=True, ping_interval=0.1, ping_timeout=0.3)
+    try:
+        async with Producer(gateway.ws, token=admin_token) as producer:
+            for i in range(40):
+                await producer.publish(topic, i)
+                await asyncio.sleep(0.005)  # one frame each: the sender finds it idle
+        await asyncio.sleep(1.5)  # the owner is busy: many pings come and go meanwhile
+        bodies: list[int] = []
+        while len(bodies) < 40:
+            frame = await asyncio.wait_for(link.next(), 10)
+            bodies += [item["body"] for item in frame.get("items", [])]
+        assert bodies == list(range(40))
+        assert link.is_open, link.closed_with
+    finally:
+        await link.close()

@@ -252,7 +252,12 @@ class Link:
     """
 
     def __init__(
-        self, conn: ClientConnection, token: str = "", tokens: TokenSource | None = None
+        self,
+        conn: ClientConnection,
+        token: str = "",
+        tokens: TokenSource | None = None,
+        *,
+        direct: bool = False,
     ) -> None:
         self.conn = conn
         # With a token callable, a refused token is worth one more try with a
@@ -275,14 +280,25 @@ class Link:
         #: frames sent on this socket, by ``op`` (what the fast path saved shows here)
         self.sent_ops: collections.Counter[str] = collections.Counter()
         self._refresher: asyncio.Task[None] | None = None
-        self._reader = asyncio.create_task(self._read())
+        # The refusal the gateway stated before closing (see _read).
+        self._last_error: dict[str, Any] | None = None
+        # Direct: next() reads the socket itself, with no reader task and no
+        # queue between (a task switch and a queue hop less a frame, which a
+        # subscriber of a busy topic pays per frame; docs/benchmarks.md,
+        # "Fan-out"). A request's reply is then matched only while the owner
+        # reads, which suits a socket that sends none but credit and refresh.
+        self._reader: asyncio.Task[None] | None = (
+            None if direct else asyncio.create_task(self._read())
+        )
         left = seconds_left(token) if tokens is not None and tokens.renewable else None
         if left is not None:
             assert tokens is not None
             self._refresher = asyncio.create_task(self._refresh(tokens, left))
 
     @classmethod
-    async def open(cls, url: str, token: TokenLike | TokenSource, **kwargs: Any) -> Link:
+    async def open(
+        cls, url: str, token: TokenLike | TokenSource, *, direct: bool = False, **kwargs: Any
+    ) -> Link:
         """Connect with ``Authorization: Bearer TOKEN``.
 
         Args:
@@ -291,6 +307,8 @@ class Link:
                 :class:`~leasecast.tokens.TokenSource`. With a callable and a
                 signed token (a JWT with ``exp``), the socket sends ``refresh``
                 with a fresh token before ``exp``.
+            direct: :meth:`next` reads the socket itself (no reader task):
+                for an owner that reads all the time and awaits no reply.
             **kwargs: passed on to :func:`websockets.asyncio.client.connect`.
 
         Raises:
@@ -300,6 +318,11 @@ class Link:
         """
         tokens = token if isinstance(token, TokenSource) else TokenSource(token)
         current = await tokens.get()
+        if direct:
+            # Frames wait in the connection instead of a queue of the Link; an
+            # unbounded buffer keeps its reading going (and pings answered)
+            # while the owner is busy, as the reader task did. Credit bounds it.
+            kwargs.setdefault("max_queue", None)
         try:
             conn = await connect(
                 url, additional_headers={"Authorization": f"Bearer {current}"}, **kwargs
@@ -311,7 +334,7 @@ class Link:
         except (InvalidHandshake, OSError) as exc:
             # OSError covers refused connections and the opening timeout.
             raise ConnectionClosed(f"cannot connect to {url}: {exc}") from exc
-        return cls(conn, current, tokens)
+        return cls(conn, current, tokens, direct=direct)
 
     async def _refresh(self, tokens: TokenSource, expires_in: float) -> None:
         """Send ``refresh`` with a fresh token before each expiry, while the socket lives.
@@ -343,36 +366,50 @@ class Link:
         """True until the socket has closed (for any reason)."""
         return self.closed_with is None
 
+    def _pushed(self, data: str | bytes) -> dict[str, Any] | None:
+        """The frame in ``data`` if it is for :meth:`next`; None if it was a
+        reply (resolved here), the socket's own error, consumed by
+        :attr:`on_push`, or not a JSON object (logged)."""
+        try:
+            frame = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            log.warning("ignored a frame that is not JSON: %.80r", data)
+            return None
+        if not isinstance(frame, dict):
+            log.warning("ignored a frame that is not an object: %.80r", data)
+        elif self._pending.resolve(frame):
+            pass
+        elif frame.get("op") == "error":
+            # An error answering no request is the socket's own: the
+            # refusal the gateway states just before closing 4400/4403.
+            self._last_error = frame
+        elif self.on_push is not None and self.on_push(frame):
+            pass
+        else:
+            return frame
+        return None
+
     async def _read(self) -> None:
-        last_error: dict[str, Any] | None = None
         try:
             async for data in self.conn:
-                try:
-                    frame = orjson.loads(data)
-                except orjson.JSONDecodeError:
-                    log.warning("ignored a frame that is not JSON: %.80r", data)
-                    continue
-                if not isinstance(frame, dict):
-                    log.warning("ignored a frame that is not an object: %.80r", data)
-                elif self._pending.resolve(frame):
-                    pass
-                elif frame.get("op") == "error":
-                    # An error answering no request is the socket's own: the
-                    # refusal the gateway states just before closing 4400/4403.
-                    last_error = frame
-                elif self.on_push is not None and self.on_push(frame):
-                    pass
-                else:
+                frame = self._pushed(data)
+                if frame is not None:
                     self._frames.put_nowait(frame)
         except WsConnectionClosed:
             pass
         finally:
-            self.closed_with = self._close_reason(last_error)
-            self.closed_at = asyncio.get_running_loop().time()
-            self._pending.fail_all(self.closed_with)
-            self._frames.put_nowait(None)
-            if self._refresher is not None:
-                self._refresher.cancel()  # nothing to refresh on a closed socket
+            self._closed()
+
+    def _closed(self) -> None:
+        """Record why the socket closed and fail everything waiting on it."""
+        if self.closed_with is not None:
+            return
+        self.closed_with = self._close_reason(self._last_error)
+        self.closed_at = asyncio.get_running_loop().time()
+        self._pending.fail_all(self.closed_with)
+        self._frames.put_nowait(None)
+        if self._refresher is not None:
+            self._refresher.cancel()  # nothing to refresh on a closed socket
 
     def _close_reason(self, last_error: dict[str, Any] | None) -> LeasecastError:
         code = self.conn.close_code
@@ -476,18 +513,37 @@ class Link:
             ProtocolError: the socket closed with a final error (4400/4403, or
                 ``unauthorized`` 4401).
         """
+        if self._reader is None:
+            return await self._next_direct()
         frame = await self._frames.get()
         if frame is None:
             self._frames.put_nowait(None)  # later calls fail the same way
             raise self.closed_with or ConnectionClosed("socket closed")
         return frame
 
+    async def _next_direct(self) -> dict[str, Any]:
+        """:meth:`next` without a reader task: read until a frame for the owner."""
+        recv = self.conn.recv
+        while self.closed_with is None:
+            try:
+                data = await recv()
+            except WsConnectionClosed:
+                self._closed()
+                break
+            frame = self._pushed(data)
+            if frame is not None:
+                return frame
+        raise self.closed_with or ConnectionClosed("socket closed")
+
     async def close(self) -> None:
         """Close the socket politely and wait for the reader to finish."""
         if self._refresher is not None:
             self._refresher.cancel()
         await self.conn.close()
-        await asyncio.gather(self._reader, return_exceptions=True)
+        if self._reader is None:
+            self._closed()
+        else:
+            await asyncio.gather(self._reader, return_exceptions=True)
         if self._refresher is not None:
             await asyncio.gather(self._refresher, return_exceptions=True)
 
@@ -500,6 +556,7 @@ async def reopen(
     *,
     delays: Iterator[float] | None = None,
     stop: asyncio.Event | None = None,
+    direct: bool = False,
 ) -> Link:
     """Connect again after a drop, waiting out a backoff delay before each attempt.
 
@@ -511,6 +568,7 @@ async def reopen(
         delays: the backoff schedule to continue (so a flapping gateway sees
             growing delays across reconnects, not a fresh schedule each time).
         stop: set to give up at once, even in the middle of a delay.
+        direct: open the :class:`Link` with ``direct`` (see :meth:`Link.open`).
 
     Raises:
         LeasecastError: a permanent refusal (bad token, forbidden name, bad URL).
@@ -527,7 +585,7 @@ async def reopen(
         if stop is not None and stop.is_set():
             raise ConnectionClosed("closed while reconnecting")
         try:
-            return await Link.open(url, token)
+            return await Link.open(url, token, direct=direct)
         except LeasecastError as exc:
             if permanent(exc):
                 raise

@@ -239,7 +239,7 @@ class Subscriber:
     async def _open_first(self) -> None:
         # The first connection fails fast (no backoff, no retry) and is not a
         # reconnect, whether ``async with`` or the first iteration makes it.
-        link = await Link.open(self._url(), self._token)
+        link = await Link.open(self._url(), self._token, direct=True)
         if self._closing:  # close() ran while the handshake was under way
             await link.close()
             raise ConnectionClosed("the subscriber is closed")
@@ -341,7 +341,7 @@ class Subscriber:
             await link.conn.send(f'{{"op":"credit","n":{grant}}}')
 
     async def _reconnect_with_backoff(self) -> None:
-        link = await reopen(self._url(), self._token, *self._backoff, stop=self._stop)
+        link = await reopen(self._url(), self._token, *self._backoff, stop=self._stop, direct=True)
         if self._closing:  # close() ran while the handshake was under way
             await link.close()
             raise ConnectionClosed("the subscriber is closed")
