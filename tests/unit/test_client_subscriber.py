@@ -295,3 +295,32 @@ def test_a_message_made_on_the_fast_path_is_the_same_frozen_message() -> None:
     assert hash(_message("t", 1, "b", None)) == hash(Message("t", 1, "b", None))
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.seq = 4  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("history", [0, 100])
+async def test_iterated_messages_are_plain_frozen_messages(history: int) -> None:
+    """The iteration makes each Message without its ``__init__`` (and, for an
+    item of exactly seq, offset and body, from the parsed item itself): what
+    the caller gets must be the same frozen Message either way."""
+    import dataclasses
+
+    async with (
+        TopicGateway(history=history) as gateway,
+        Subscriber(gateway.ws, "prices", token=TOKEN) as subscriber,
+    ):
+        messages = aiter(subscriber)
+        await gateway.subscribed("prices", 1)
+        await gateway.publish("prices", {"p": 1}, [2], None)
+        got = await take(messages, 3)
+    offsets = [1, 2, 3] if history else [None, None, None]
+    # With history, recover=latest asked for the latest message: there was none.
+    expected = [
+        Message("prices", seq, body, offset)
+        for seq, body, offset in zip([1, 2, 3], [{"p": 1}, [2], None], offsets, strict=True)
+    ]
+    assert got == expected
+    for message, plain in zip(got, expected, strict=True):
+        assert type(message) is Message
+        assert repr(message) == repr(plain) and vars(message) == vars(plain)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            message.seq = 9  # type: ignore[misc]

@@ -114,19 +114,17 @@ class ResumePosition:
             self.offset = offset
 
 
-def _message(
-    topic: str,
-    seq: int,
-    body: Any,
-    offset: int | None,
-    _new: Any = object.__new__,
-    _set: Any = object.__setattr__,
-) -> Message:
+_NEW: Any = object.__new__
+_SET: Any = object.__setattr__
+
+
+def _message(topic: str, seq: int, body: Any, offset: int | None) -> Message:
     """``Message(topic, seq, body, offset)``, made without the frozen dataclass's
     ``__init__`` (one field assignment checked at a time): once per message, it
-    was a visible part of a subscriber's CPU. The same object, equal and frozen."""
-    message: Message = _new(Message)
-    _set(message, "__dict__", {"topic": topic, "seq": seq, "body": body, "offset": offset})
+    was a visible part of a subscriber's CPU. The same object, equal and frozen.
+    (:meth:`Subscriber._messages` makes it the same way, inlined.)"""
+    message: Message = _NEW(Message)
+    _SET(message, "__dict__", {"topic": topic, "seq": seq, "body": body, "offset": offset})
     return message
 
 
@@ -296,11 +294,14 @@ class Subscriber:
             # the yield): a subscriber's CPU per message is what limits it
             # beside a fast gateway (docs/benchmarks.md, "Fan-out").
             half = max(1, self._window // 2)
+            new, fill = _NEW, _SET  # _message(), inlined
             for item in frame["items"]:
                 offset = item.get("offset")
                 if offset is not None:
-                    offset = int(offset)
-                    if position.offset is not None and offset <= position.offset:
+                    if type(offset) is not int:
+                        item["offset"] = offset = int(offset)
+                    last = position.offset
+                    if last is not None and offset <= last:
                         # Published before this subscription started (the
                         # latest message recover=latest replays), or already
                         # yielded: position.seen(offset).
@@ -312,7 +313,22 @@ class Subscriber:
                     # message handed to the caller is consumed, even if the
                     # caller stops iterating right after.
                     position.offset = offset
-                yield _message(topic, item["seq"], item["body"], offset)
+                message = new(Message)
+                if offset is not None and len(item) == 3:
+                    # The item is exactly seq, offset and body, in a dict of
+                    # its own (just parsed): it becomes the message's fields,
+                    # with the topic added, instead of a copy.
+                    item["topic"] = topic
+                    fill(message, "__dict__", item)
+                else:
+                    fields = {
+                        "topic": topic,
+                        "seq": item["seq"],
+                        "body": item["body"],
+                        "offset": offset,
+                    }
+                    fill(message, "__dict__", fields)
+                yield message
                 self._consumed += 1
                 if self._consumed >= half:
                     await self._grant(link)
