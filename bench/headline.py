@@ -22,6 +22,11 @@ alternation (each round starts one system further on), 3 rounds by default:
    publishes (100 unconfirmed at most): the gateway with raw sockets and
    with ``leasecast.Subscriber``, ``websockets.broadcast``, NATS core,
    Mosquitto at QoS 0.
+4. **Resume**: ``--missed`` messages published while nobody listens, then
+   read back from the position before them: a topic with history on one
+   gateway process (embedded) and on a gateway with Redis, by a raw socket
+   and by ``leasecast.Subscriber``; a JetStream stream (file storage) by an
+   ordered consumer.
 
 A system whose server does not answer is skipped, with the reason printed
 and kept in the JSON. Each system's durability (what a confirmation means,
@@ -39,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Awaitable
 from contextlib import ExitStack
 from pathlib import Path
@@ -46,8 +52,22 @@ from typing import Any
 
 from bench.fanout import Target, start_process
 from bench.peers import mqtt, nats_core, nats_js
-from bench.peers.base import FanoutPeer, QueuePeer, fanout, percentile, queue_cycles
-from bench.peers.leasecast import ClientSubscriberFanout, LeasecastQueue, RawSocketFanout
+from bench.peers.base import (
+    FanoutPeer,
+    QueuePeer,
+    ResumePeer,
+    fanout,
+    percentile,
+    port_unavailable,
+    queue_cycles,
+    resume,
+)
+from bench.peers.leasecast import (
+    ClientSubscriberFanout,
+    LeasecastQueue,
+    LeasecastResume,
+    RawSocketFanout,
+)
 from bench.peers.pgq import PgQueuerQueue, postgres_unavailable
 from bench.peers.rabbit import RabbitQueue, rabbit_unavailable
 from bench.procstat import loadavg, machine_busy_seconds, parent_of, tree_cpu_seconds
@@ -75,6 +95,15 @@ FANOUT_ORDER = (
     "nats-core",
     "mosquitto-qos0",
 )
+RESUME_ORDER = (
+    "leasecast-embedded",
+    "leasecast-redis",
+    "leasecast-redis-subscriber",
+    "nats-jetstream-ordered",
+)
+ALL_SYSTEMS = QUEUE_ORDER + FANOUT_ORDER + RESUME_ORDER
+#: The Redis the resume's gateway keeps its topics in (its keys removed afterwards).
+REDIS_URL = os.environ.get("LEASECAST_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 #: (argument, the full run's value, --quick's value, help)
@@ -89,6 +118,7 @@ SIZES: list[tuple[str, int | float, int | float, str]] = [
     ("latency_messages", 3_000, 500, "messages per paced latency run"),
     ("subscribers", 100, 20, "fan-out subscribers"),
     ("fanout_messages", 2_000, 200, "fan-out publishes"),
+    ("missed", 10_000, 1_000, "messages a resume reads back"),
     ("warmup", 1_000, 0, "warm-up cycles per system first (0: none)"),
 ]
 
@@ -207,6 +237,62 @@ def fanout_peers(stack: ExitStack, wanted: set[str], skipped: dict[str, str]) ->
     return peers
 
 
+def resume_peers(stack: ExitStack, wanted: set[str], skipped: dict[str, str]) -> list[ResumePeer]:
+    """The resume systems that answer: a gateway without Redis and one with it
+    (each on a fresh SQLite database), JetStream."""
+    peers: list[ResumePeer] = []
+    kept = "topic history (history_size >= the missed count)"
+    if "leasecast-embedded" in wanted:
+        started = start_gateway(stack, "sqlite", server="daphne")
+        if isinstance(started, str):
+            skipped["leasecast-embedded"] = started
+        else:
+            delivery = f"{kept} in the gateway process's memory; a raw socket, credit unlimited"
+            peers.append(
+                LeasecastResume("leasecast-embedded", started, client=False, delivery=delivery)
+            )
+    redis_names = {"leasecast-redis", "leasecast-redis-subscriber"} & wanted
+    if redis_names:
+        host, _, port = REDIS_URL.split("//")[1].split("/")[0].partition(":")
+        reason = port_unavailable("Redis", int(port or 6379), host)
+        prefix = f"lcheadline{uuid.uuid4().hex[:8]}"
+        env = {"REDIS_URL": REDIS_URL, "GATEWAY_REDIS_PREFIX": prefix}
+        started = reason or start_gateway(stack, "sqlite", server="daphne", extra_env=env)
+        if isinstance(started, str):
+            for name in redis_names:
+                skipped[name] = started
+        else:
+            stack.callback(_forget_redis_keys, prefix)
+            stored = f"{kept} in a Redis stream (Redis as run: nothing on disk)"
+            if "leasecast-redis" in wanted:
+                delivery = f"{stored}; a raw socket, credit unlimited"
+                peers.append(
+                    LeasecastResume("leasecast-redis", started, client=False, delivery=delivery)
+                )
+            if "leasecast-redis-subscriber" in wanted:
+                delivery = f"{stored}; `leasecast.Subscriber` (credit 256, granted as it reads)"
+                peers.append(
+                    LeasecastResume(
+                        "leasecast-redis-subscriber", started, client=True, delivery=delivery
+                    )
+                )
+    if "nats-jetstream-ordered" in wanted:
+        if reason := nats_js.unavailable():
+            skipped["nats-jetstream-ordered"] = reason
+        else:
+            peers.append(nats_js.JetStreamResume())
+    return peers
+
+
+def _forget_redis_keys(prefix: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    keys = list(client.scan_iter(f"{prefix}:*"))
+    if keys:
+        client.delete(*keys)
+
+
 # -- measurements -------------------------------------------------------------
 
 
@@ -308,6 +394,31 @@ async def measure_fanout(peer: FanoutPeer, args: argparse.Namespace, round_: int
     }
 
 
+async def measure_resume(peer: ResumePeer, args: argparse.Namespace, round_: int) -> dict[str, Any]:
+    """One resume of ``--missed`` messages, with the server's CPU per message replayed."""
+    from bench.procstat import cpu_of
+
+    await asyncio.sleep(0.2)
+    pids = peer.server_pids()
+    position = await peer.fill(args.missed)
+    cpu0 = cpu_of(pids) if pids else None
+    result = await resume(peer, args.missed, position=position)
+    cpu = cpu_of(pids) - cpu0 if cpu0 is not None else None
+    return {
+        "system": peer.name,
+        "round": round_,
+        "missed": result.missed,
+        "received": result.received,
+        "in_order": result.in_order,
+        "ms": result.seconds * 1000,
+        "messages_per_s": result.messages_per_s,
+        "server_us_per_message": cpu / result.received * 1e6
+        if cpu is not None and result.received
+        else None,
+        "loadavg": loadavg(),
+    }
+
+
 def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
@@ -330,6 +441,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     samples: list[dict[str, Any]] = []
     latencies: list[dict[str, Any]] = []
     fanouts: list[dict[str, Any]] = []
+    resumes: list[dict[str, Any]] = []
     durability: dict[str, str] = {}
     postmaster = postmaster_pid()
     with ExitStack() as stack:
@@ -410,16 +522,59 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         f"deliveries/s, {row['delivered']:,} of "
                         f"{row['subscribers'] * row['messages']:,}"
                     )
+        await measure_resumes(stack, args, skipped, durability, resumes)
     return {
         "samples": samples,
         "latencies": latencies,
         "fanout": fanouts,
+        "resume": resumes,
         "durability": durability,
         "skipped": skipped,
     }
 
 
 # -- tables -------------------------------------------------------------------
+
+
+async def measure_resumes(
+    stack: ExitStack,
+    args: argparse.Namespace,
+    skipped: dict[str, str],
+    durability: dict[str, str],
+    rows: list[dict[str, Any]],
+) -> None:
+    """Every resume system, ``--rounds`` times in alternation, into ``rows``."""
+    before = set(skipped)
+    peers: list[ResumePeer] = []
+    for peer in resume_peers(stack, set(args.systems), skipped):
+        try:
+            await peer.start()
+        except Exception as exc:
+            skipped[peer.name] = f"could not start: {exc!r}"
+            continue
+        peers.append(peer)
+        durability[peer.name] = peer.delivery
+    for name in set(skipped) - before:
+        say(f"   skipped {name}: {skipped[name]}")
+    try:
+        for round_ in range(1, args.rounds + 1):
+            for peer in rotated(round_, peers):
+                if peer.name in skipped:
+                    continue
+                row = await guarded(peer.name, skipped, measure_resume(peer, args, round_))
+                if row:
+                    rows.append(row)
+                    order = "in order" if row["in_order"] else "NOT in order"
+                    say(
+                        f"   round {round_} {peer.name}: {row['received']:,} of "
+                        f"{row['missed']:,} read back in {row['ms']:,.0f} ms, {order}"
+                    )
+    finally:
+        for peer in peers:
+            try:
+                await peer.close()
+            except Exception as exc:
+                skipped.setdefault(f"{peer.name} cleanup", repr(exc))
 
 
 def _spread(values: list[float], fmt: str = ",.0f") -> tuple[str, str]:
@@ -511,6 +666,34 @@ def fanout_table(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def resume_table(data: dict[str, Any]) -> str:
+    """Markdown: time to read back what was missed (median, range), and against JetStream."""
+    lines = [
+        "| system | read back (min) | in order | ms (median) | min-max | messages/s "
+        "| vs JetStream (time, per round) | server CPU us/message |",
+        "|---|---:|---|---:|---:|---:|---|---:|",
+    ]
+    rows = data.get("resume", [])
+    base = {r["round"]: r["ms"] for r in rows if r["system"] == "nats-jetstream-ordered"}
+    for name in [n for n in RESUME_ORDER if any(r["system"] == n for r in rows)]:
+        mine = [r for r in rows if r["system"] == name]
+        median, spread = _spread([r["ms"] for r in mine], ",.0f")
+        # Below 1: faster than JetStream's ordered consumer in the same round.
+        ratios = [r["ms"] / base[r["round"]] for r in mine if r["round"] in base]
+        versus = (
+            f"{statistics.median(ratios):.2f}x ({', '.join(f'{x:.2f}' for x in ratios)})"
+            if ratios
+            else "-"
+        )
+        ordered = sum(1 for r in mine if r["in_order"])
+        lines.append(
+            f"| {name} | {min(r['received'] for r in mine):,} | {ordered} of {len(mine)} "
+            f"| {median} | {spread} | {statistics.median(r['messages_per_s'] for r in mine):,.0f} "
+            f"| {versus} | {_us(mine, 'server_us_per_message', '.1f')} |"
+        )
+    return "\n".join(lines)
+
+
 def durability_table(data: dict[str, Any]) -> str:
     """Markdown: what each system's confirmation means."""
     lines = ["| system | durability / delivery (as run) |", "|---|---|"]
@@ -550,6 +733,15 @@ def report(data: dict[str, Any]) -> str:
             "",
             fanout_table(data),
         ]
+    if data.get("resume"):
+        parts += [
+            "",
+            f"**Resume**: {a['missed']:,} messages published while nobody listened, read back "
+            "from the position before them (connection and handshake included); time relative "
+            "to JetStream's (below 1: faster):",
+            "",
+            resume_table(data),
+        ]
     parts += ["", "**Durability and delivery**, as each system ran:", "", durability_table(data)]
     if data["skipped"]:
         parts += ["", "Skipped: " + "; ".join(f"{k}: {v}" for k, v in data["skipped"].items())]
@@ -588,8 +780,8 @@ def main(argv: list[str] | None = None) -> None:
         )
     parser.add_argument(
         "--systems",
-        default=",".join(QUEUE_ORDER + FANOUT_ORDER),
-        help="a comma-separated subset of: " + ", ".join(QUEUE_ORDER + FANOUT_ORDER),
+        default=",".join(ALL_SYSTEMS),
+        help="a comma-separated subset of: " + ", ".join(ALL_SYSTEMS),
     )
     parser.add_argument(
         "--quick",
@@ -600,7 +792,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--write-docs", type=Path, help="replace the tables between the markers")
     args = parser.parse_args(argv)
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    unknown = set(args.systems) - set(QUEUE_ORDER + FANOUT_ORDER)
+    unknown = set(args.systems) - set(ALL_SYSTEMS)
     if unknown:
         parser.error(f"unknown systems: {', '.join(sorted(unknown))}")
     for name, full, quick, _ in SIZES:

@@ -85,6 +85,7 @@ class LeasecastTarget:
     def __init__(self, name: str, gateway: GatewayProcess, token: str) -> None:
         self.name = name
         self.gateway = gateway
+        self.token = token
         self.headers = {"Authorization": f"Bearer {token}"}
 
     async def socket(self, path: str) -> ClientConnection:
@@ -437,10 +438,13 @@ def rabbit_unavailable() -> str | None:
 # -- the run ------------------------------------------------------------------
 
 
-def start_gateway(stack: ExitStack, backend: str, server: str = "daphne") -> LeasecastTarget | str:
+def start_gateway(
+    stack: ExitStack, backend: str, server: str = "daphne", extra_env: dict[str, str] | None = None
+) -> LeasecastTarget | str:
     """A gateway on a fresh database of ``backend``, or the reason it cannot run.
 
-    ``server`` is the ASGI server: daphne (as ``make run``) or uvicorn.
+    ``server`` is the ASGI server: daphne (as ``make run``) or uvicorn;
+    ``extra_env`` adds settings (``REDIS_URL``, for one).
     """
     var = Path(tempfile.mkdtemp(prefix=f"leasecast-bench-{backend}-"))
     database: AbstractContextManager[dict[str, str]]
@@ -451,7 +455,7 @@ def start_gateway(stack: ExitStack, backend: str, server: str = "daphne") -> Lea
         database = postgres_database(var)
     else:
         database = sqlite_database(var)
-    env = stack.enter_context(database)
+    env = {**stack.enter_context(database), **(extra_env or {})}
     gateway = GatewayProcess(env, var, name=f"bench-{backend}", server=server)
     gateway.start()
     stack.callback(gateway.stop)

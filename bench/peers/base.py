@@ -1,8 +1,9 @@
-"""One load generator for every system: work-queue cycles, paced latency and fan-out.
+"""One load generator for every system: work-queue cycles, paced latency, fan-out, resume.
 
-Each system is an adapter (a :class:`QueuePeer` or a :class:`FanoutPeer`)
-that knows only how to enqueue one message, receive and ack deliveries,
-publish one message and receive broadcasts. The load itself (how many
+Each system is an adapter (a :class:`QueuePeer`, a :class:`FanoutPeer` or a
+:class:`ResumePeer`) that knows only how to enqueue one message, receive and
+ack deliveries, publish one message and receive broadcasts, or fill a stream
+and read it back from a position. The load itself (how many
 producers, how many unconfirmed, how many workers with which prefetch, the
 pacing, the clock, the latency stamps) is here, the same code for all of
 them, so a difference in the figures is a difference in the systems.
@@ -28,10 +29,13 @@ __all__ = [
     "OnBodies",
     "OnMessage",
     "QueuePeer",
+    "ResumePeer",
+    "ResumeResult",
     "fanout",
     "percentile",
     "port_unavailable",
     "queue_cycles",
+    "resume",
 ]
 
 #: Acks one delivery (and waits for whatever confirmation the system gives),
@@ -375,3 +379,65 @@ async def fanout(
             with contextlib.suppress(Exception):
                 await sub.close()
     return FanoutResult(n_subs, n_msgs, sum(counts), max(last - start, 1e-9), latencies)
+
+
+# -- resume: a subscriber reads back what it missed
+
+
+class ResumePeer(ABC):
+    """A stream that keeps what was published, read back from a position."""
+
+    name: str
+    #: what is kept, where, and what a reader is promised
+    delivery: str
+
+    async def start(self) -> None:  # noqa: B027
+        """Connect, once for the run."""
+
+    async def close(self) -> None:  # noqa: B027
+        """Disconnect."""
+
+    @abstractmethod
+    async def fill(self, missed: int) -> Any:
+        """A fresh stream holding ``missed`` messages published while nobody
+        listened, bodies ``{"m": 1}`` to ``{"m": missed}`` in order, each
+        confirmed by the server; returns the position just before the first."""
+
+    @abstractmethod
+    async def replay(self, position: Any, missed: int) -> list[int]:
+        """Subscribe from ``position`` (handshake included) and return the
+        ``m`` of the first ``missed`` messages received, in the order received."""
+
+    def server_pids(self) -> list[int]:
+        """The server processes whose CPU counts for this system (may be empty)."""
+        return []
+
+
+@dataclass
+class ResumeResult:
+    """One resume: how long reading back ``missed`` messages took, and whether
+    they came each once and in order."""
+
+    missed: int
+    received: int
+    in_order: bool
+    seconds: float
+
+    @property
+    def messages_per_s(self) -> float:
+        return self.received / self.seconds if self.seconds else 0.0
+
+
+async def resume(
+    peer: ResumePeer, missed: int, *, position: Any = None, timeout: float = 120
+) -> ResumeResult:
+    """Fill a fresh stream with ``missed`` messages (unless ``position``, from
+    :meth:`ResumePeer.fill`, is given), then time reading them back from the
+    position before the first: from the subscribe call (connection and
+    handshake included) to the receipt of the last one."""
+    if position is None:
+        position = await peer.fill(missed)
+    start = time.perf_counter()
+    got = await asyncio.wait_for(peer.replay(position, missed), timeout)
+    seconds = time.perf_counter() - start
+    return ResumeResult(missed, len(got), got == list(range(1, missed + 1)), seconds)

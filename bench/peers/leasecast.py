@@ -10,12 +10,16 @@
   (``websockets.broadcast``), through :class:`bench.fanout.Target`.
 - :class:`ClientSubscriberFanout`: the gateway with ``leasecast.Subscriber``
   subscribers.
+- :class:`LeasecastResume`: a topic with history, read back from an offset
+  by a raw socket (``since``/``epoch``, unlimited credit) or by
+  ``leasecast.Subscriber`` (its default credit).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from typing import Any
 
 import orjson
@@ -32,6 +36,7 @@ from bench.peers.base import (
     PeerSubscriber,
     PeerWorker,
     QueuePeer,
+    ResumePeer,
 )
 from bench.procstat import cpu_of
 from bench.workqueue import LeasecastTarget
@@ -240,3 +245,98 @@ class ClientSubscriberFanout(RawSocketFanout):
         )
         await subscriber.__aenter__()
         return _ClientSubscriber(subscriber, on_bodies)
+
+
+# -- resume -------------------------------------------------------------------
+
+
+async def publish_all(ws: ClientConnection, topic: str, bodies: list[Any]) -> dict[str, Any]:
+    """Publish ``bodies`` in order on a ``/ws/produce/`` socket, 100 unconfirmed
+    at most; the last ``published`` reply (its ``offset`` and ``epoch``)."""
+    window = asyncio.Semaphore(100)
+    last: dict[str, Any] = {}
+
+    async def replies() -> None:
+        nonlocal last
+        for _ in bodies:
+            reply = orjson.loads(await ws.recv())
+            if reply.get("op") != "published":
+                raise RuntimeError(f"publish refused: {reply}")
+            last = reply
+            window.release()
+
+    reader = asyncio.create_task(replies())
+    try:
+        for body in bodies:
+            await window.acquire()
+            await ws.send(orjson.dumps({"op": "publish", "topic": topic, "body": body}).decode())
+        await reader
+    finally:
+        reader.cancel()
+    return last
+
+
+class LeasecastResume(ResumePeer):
+    """A topic with ``history_size`` room for what is missed, read back with
+    ``since``/``epoch``: by a raw socket (credit 1,000,000,000) or by
+    ``leasecast.Subscriber`` as it comes (credit 256, granted as it reads)."""
+
+    def __init__(self, name: str, target: LeasecastTarget, *, client: bool, delivery: str) -> None:
+        self.name = name
+        self.target = target
+        self.client = client
+        self.delivery = delivery
+
+    async def fill(self, missed: int) -> Any:
+        from tests.support.clients import ahttp
+
+        gateway = self.target.gateway
+        topic = f"resume{uuid.uuid4().hex[:10]}"
+        status, doc = await ahttp(
+            "PATCH", f"{gateway.http}/api/topics/{topic}", self.target.token,
+            {"history_size": missed + 1_000},
+        )  # fmt: skip
+        if status != 200:
+            raise RuntimeError(f"PATCH /api/topics/{topic}: {status} {doc}")
+        async with connect(
+            f"{gateway.ws}/ws/produce/", additional_headers=self.target.headers
+        ) as ws:
+            first = await publish_all(ws, topic, [{"m": 0}])
+            await publish_all(ws, topic, [{"m": m} for m in range(1, missed + 1)])
+        return topic, int(first["offset"]), str(first["epoch"])
+
+    async def replay(self, position: Any, missed: int) -> list[int]:
+        topic, since, epoch = position
+        if self.client:
+            return await self._through_client(topic, since, epoch, missed)
+        got: list[int] = []
+        url = (
+            f"{self.target.gateway.ws}/ws/topics/{topic}/?since={since}&epoch={epoch}"
+            f"&capacity={missed + 1_000}&credit=1000000000"
+        )
+        async with connect(url, additional_headers=self.target.headers, max_size=None) as ws:
+            while len(got) < missed:
+                frame = orjson.loads(await ws.recv())
+                if frame.get("op") == "subscribed" and not frame.get("recovered"):
+                    raise RuntimeError(f"the position was not recovered: {frame}")
+                if frame.get("op") == "messages":
+                    got += [item["body"]["m"] for item in frame["items"]]
+        return got[:missed]
+
+    async def _through_client(self, topic: str, since: int, epoch: str, missed: int) -> list[int]:
+        got: list[int] = []
+        async with Subscriber(
+            self.target.gateway.http, topic, token=self.target.token, since=since, epoch=epoch,
+            capacity=missed + 1_000, reconnect=False,
+        ) as subscriber:  # fmt: skip
+            async for message in subscriber:
+                got.append(message.body["m"])
+                if len(got) >= missed:
+                    break
+        if subscriber.gaps:
+            raise RuntimeError("the position was not recovered")
+        return got
+
+    def server_pids(self) -> list[int]:
+        proc = self.target.gateway.proc
+        return [proc.pid] if proc is not None else []

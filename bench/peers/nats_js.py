@@ -24,7 +24,14 @@ from typing import Any
 
 import orjson
 
-from bench.peers.base import OnMessage, PeerProducer, PeerWorker, QueuePeer, port_unavailable
+from bench.peers.base import (
+    OnMessage,
+    PeerProducer,
+    PeerWorker,
+    QueuePeer,
+    ResumePeer,
+    port_unavailable,
+)
 from bench.procstat import pids_named
 
 # Another port (LEASECAST_BENCH_NATS_PORT) for a server elsewhere, or none (the smoke test).
@@ -35,6 +42,11 @@ DURABILITY = (
     "no fsync per message: the file store is synced on an interval (sync_interval, "
     "2 minutes by default), so an OS crash or a power cut may lose acknowledged "
     "messages of that interval; +ACK is not answered"
+)
+RESUME_DELIVERY = (
+    "a stream on file storage (limits retention) read from its first message by an "
+    "ordered push consumer (nats-py `ordered_consumer=True`): in order, no acks; "
+    "stored without an fsync per message (sync_interval)"
 )
 
 
@@ -151,6 +163,65 @@ class JetStreamQueue(QueuePeer):
         # Acks are not answered: the stream's count says when the last one was applied.
         while (await self.js.stream_info(queue)).state.messages:
             await asyncio.sleep(0.005)
+
+    def server_pids(self) -> list[int]:
+        return pids_named("nats-server")
+
+
+class JetStreamResume(ResumePeer):
+    """A stream on file storage, read back from its start by an ordered consumer."""
+
+    name = "nats-jetstream-ordered"
+    delivery = RESUME_DELIVERY
+
+    def __init__(self) -> None:
+        self.nc: Any = None
+        self.js: Any = None
+        self.streams: list[str] = []
+
+    async def start(self) -> None:
+        import nats
+
+        self.nc = await nats.connect(NATS_URL)
+        self.js = self.nc.jetstream()
+
+    async def close(self) -> None:
+        if self.nc is None:
+            return
+        for stream in self.streams:
+            try:
+                await self.js.delete_stream(stream)
+            except Exception as exc:  # a stream left behind is only disk space
+                print(f"   could not delete stream {stream}: {exc!r}", flush=True)
+        await self.nc.close()
+
+    async def fill(self, missed: int) -> Any:
+        from nats.js.api import StorageType
+
+        stream = f"LCRESUME{int(time.time() * 1000)}X{len(self.streams)}"
+        subject = stream.lower()
+        await self.js.add_stream(name=stream, subjects=[subject], storage=StorageType.FILE)
+        self.streams.append(stream)
+        # Core publishes on one connection keep their order; the stream's
+        # count says when all are stored.
+        for m in range(1, missed + 1):
+            await self.nc.publish(subject, orjson.dumps({"m": m}))
+        await self.nc.flush()
+        while (await self.js.stream_info(stream)).state.messages < missed:
+            await asyncio.sleep(0.005)
+        return subject
+
+    async def replay(self, position: Any, missed: int) -> list[int]:
+        got: list[int] = []
+        sub = await self.js.subscribe(position, ordered_consumer=True)
+        try:
+            async for msg in sub.messages:
+                got.append(orjson.loads(msg.data)["m"])
+                if len(got) >= missed:
+                    break
+        finally:
+            await sub.unsubscribe()
+        return got
 
     def server_pids(self) -> list[int]:
         return pids_named("nats-server")

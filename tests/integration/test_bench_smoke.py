@@ -180,13 +180,14 @@ def test_topics_bench_resumes_in_order_and_completes_every_round() -> None:
 
 def test_headline_bench_quick_measures_every_system_that_answers(tmp_path: Path) -> None:
     """``bench.headline --quick``, smaller still: a row per system, or why it was skipped."""
-    from bench.headline import FANOUT_ORDER, QUEUE_ORDER
+    from bench.headline import FANOUT_ORDER, QUEUE_ORDER, RESUME_ORDER
 
     out_json = tmp_path / "headline.json"
     out = bench(
         "bench.headline",
         *("--quick", "--cycles", "400", "--latency-messages", "100"),
-        *("--subscribers", "5", "--fanout-messages", "50", "--json", str(out_json)),
+        *("--subscribers", "5", "--fanout-messages", "50", "--missed", "300"),
+        *("--json", str(out_json)),
         timeout=280,
     )
     data = orjson.loads(out_json.read_bytes())
@@ -211,6 +212,16 @@ def test_headline_bench_quick_measures_every_system_that_answers(tmp_path: Path)
         assert len(rows) == 1 and rows[0]["delivered"] > 0, (name, rows)
         if name.startswith("leasecast"):  # buffers as large as the run: nothing dropped
             assert rows[0]["delivered"] == 5 * 50, rows
+    # The embedded gateway always answers; the rest may be skipped, with the reason.
+    assert "leasecast-embedded" not in skipped, skipped
+    for name in RESUME_ORDER:
+        rows = [r for r in data["resume"] if r["system"] == name]
+        if name in skipped:
+            assert skipped[name] and not rows, (name, skipped[name])
+            continue
+        # Every missed message read back, each once and in order.
+        assert len(rows) == 1 and rows[0]["received"] == 300 and rows[0]["in_order"], rows
+        assert f"| {name} | " in out and name in data["durability"]
     # The gateway's CPU comes from /proc: it is always there.
     gateway = next(r for r in data["samples"] if r["system"] == "leasecast-sqlite")
     assert gateway["server_us_per_cycle"] is not None
