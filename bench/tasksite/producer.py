@@ -217,6 +217,7 @@ def phase(system: System, meter: Meter, count: int, rate: float = 0.0) -> dict[s
     """Enqueue ``count`` tasks (at ``rate`` a second, or flat out), wait for their results."""
     tracker = Tracker(system)
     sent: dict[str, float] = {}
+    calls: list[float] = []  # how long each enqueue() call took
     cpu_before, own_before = meter.read(), time.process_time()
     start = time.perf_counter()
     for i in range(count):
@@ -226,6 +227,7 @@ def phase(system: System, meter: Meter, count: int, rate: float = 0.0) -> dict[s
                 time.sleep(delay)
         t = time.time()
         result_id = system.enqueue()
+        calls.append(time.time() - t)
         sent[result_id] = t
         tracker.add(result_id)
     enqueued = time.perf_counter()
@@ -245,6 +247,9 @@ def phase(system: System, meter: Meter, count: int, rate: float = 0.0) -> dict[s
         "p50_ms": percentile(latencies, 0.5) * 1000,
         "p99_ms": percentile(latencies, 0.99) * 1000,
         "max_ms": max(latencies) * 1000,
+        # the enqueue() call alone, a part of the latency above
+        "enqueue_p50_ms": percentile(calls, 0.5) * 1000,
+        "enqueue_p99_ms": percentile(calls, 0.99) * 1000,
         # CPU milliseconds per task, by group of processes (producer: this one)
         "cpu_ms_per_task": {k: v * 1000 / count for k, v in cpu.items()},
     }
