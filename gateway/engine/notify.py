@@ -253,6 +253,14 @@ def directory_of(using: str) -> Path | None:
     return directory if directory is not None and directory.is_dir() else None
 
 
+def gateways_listen(using: str = "default") -> bool:
+    """Whether a gateway process listens beside the SQLite file of Django
+    database ``using`` (a socket in its wake directory; a socket whose process
+    is gone is removed by the first datagram sent to it)."""
+    directory = directory_of(using)
+    return directory is not None and any(directory.glob("*.sock"))
+
+
 def announce_cancelled(queue: str, msg_id: str, receipt: str, using: str = "default") -> None:
     """Tell the worker socket holding ``receipt`` that its message was cancelled,
     after a cancel committed through Django connection ``using`` (the admin, a

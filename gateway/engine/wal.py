@@ -14,8 +14,17 @@ process runs a ``PASSIVE`` checkpoint on a connection of its own every
 stops a writer: the store thread goes on committing while the pages are
 copied. Nothing about durability changes: a commit is as safe in the log as
 in the database file (``synchronous=NORMAL`` survives a crash of the
-process; ``FULL`` syncs the log at each commit as before). Connections of the
-Django project itself (views, the admin) keep SQLite's default.
+process; ``FULL`` syncs the log at each commit as before).
+
+A Django connection that enqueues (``task.enqueue()``, ``gateway.enqueue``,
+the admin's actions: ``gateway.host.on_django``) would otherwise run the
+checkpoint inside the enqueue's commit whenever the log has passed 1,000
+pages, which made an enqueue's p99 on SQLite 2.5 ms longer than its p98
+(docs/benchmarks.md, Tasks). So :func:`leave_checkpoints_to_gateways` turns
+that connection's automatic checkpoints off while a gateway process serves
+the file, whose checkpointer then does them, and gives it back its own
+setting when none does (the log must not grow without a checkpointer). The
+project's other connections keep their setting.
 """
 
 from __future__ import annotations
@@ -28,7 +37,9 @@ from typing import Any
 
 from django.db import connections
 
-__all__ = ["INTERVAL", "NO_AUTOCHECKPOINT", "WalCheckpointer"]
+from gateway.engine.notify import gateways_listen
+
+__all__ = ["INTERVAL", "NO_AUTOCHECKPOINT", "WalCheckpointer", "leave_checkpoints_to_gateways"]
 
 log = logging.getLogger("leasecast.store")
 
@@ -90,3 +101,23 @@ class WalCheckpointer:
                 time.sleep(self.interval)
         if wrapper is not None:
             wrapper.close()
+
+
+def leave_checkpoints_to_gateways(wrapper: Any, cursor: Any, using: str) -> None:
+    """Before Django connection ``wrapper`` (alias ``using``, on SQLite) writes
+    to the store: no automatic checkpoint in its commits while a gateway
+    process serves the file, the connection's own setting otherwise.
+
+    The setting is read once per database connection and changed only when
+    the answer changes (a PRAGMA, outside the transaction's data).
+    """
+    raw = wrapper.connection
+    state = getattr(wrapper, "_leasecast_autocheckpoint", None)
+    if state is None or state[0] is not raw:  # a new connection: its own setting
+        cursor.execute("PRAGMA wal_autocheckpoint")
+        (own,) = cursor.fetchone()
+        state = wrapper._leasecast_autocheckpoint = [raw, own, own]
+    wanted = 0 if gateways_listen(using) else state[1]
+    if wanted != state[2]:
+        cursor.execute(f"PRAGMA wal_autocheckpoint={int(wanted)}")
+        state[2] = wanted

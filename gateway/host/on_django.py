@@ -20,6 +20,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
+from gateway.engine.wal import leave_checkpoints_to_gateways
 from gateway.runtime import count_from_thread
 from gateway.store.dialects import POSTGRESQL, SQLITE_THROUGH_DJANGO
 from gateway.store.groups import settle
@@ -42,6 +43,8 @@ def django_transaction(using: str = "default") -> Iterator[Txn]:
     # Django's cursor on both: its placeholders are %s (SQLITE_THROUGH_DJANGO's doc).
     dialect = POSTGRESQL if connection.vendor == "postgresql" else SQLITE_THROUGH_DJANGO
     with transaction.atomic(using=using), connection.cursor() as cursor:
+        if connection.vendor == "sqlite":
+            leave_checkpoints_to_gateways(connection, cursor, using)
         # No cache across calls: settings edited elsewhere apply at once here.
         queues = QueueCache(gateway_settings().default_queue, ttl=0.0)
         txn = Txn(cursor, dialect, time.time(), queues)
