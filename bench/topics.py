@@ -73,6 +73,7 @@ import orjson
 from websockets.asyncio.client import ClientConnection, connect
 
 from bench.fanout import Target, fanout_round
+from bench.peers.leasecast import publish_all
 from bench.procstat import process_cpu_seconds
 from bench.workqueue import percentile
 from tests.support.clients import ahttp
@@ -297,24 +298,7 @@ async def set_history(d: Deployment, topic: str, size: int) -> None:
 
 async def publish_pipelined(pub: ClientConnection, topic: str, n: int) -> dict[str, Any]:
     """Publish ``n`` messages, 100 unconfirmed at most; the last ``published`` reply."""
-    window = asyncio.Semaphore(100)
-    last: dict[str, Any] = {}
-
-    async def replies() -> None:
-        nonlocal last
-        for _ in range(n):
-            reply = orjson.loads(await pub.recv())
-            if reply.get("op") != "published":
-                raise RuntimeError(f"publish refused: {reply}")
-            last = reply
-            window.release()
-
-    reader = asyncio.create_task(replies())
-    for i in range(n):
-        await window.acquire()
-        await pub.send(orjson.dumps({"op": "publish", "topic": topic, "body": {"m": i}}).decode())
-    await reader
-    return last
+    return await publish_all(pub, topic, [{"m": i} for i in range(n)])
 
 
 # -- 1. resume
