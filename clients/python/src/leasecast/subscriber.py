@@ -114,18 +114,12 @@ class ResumePosition:
             self.offset = offset
 
 
+#: How :meth:`Subscriber._messages` makes a :class:`Message`: without the
+#: frozen dataclass's ``__init__`` (one checked field assignment at a time),
+#: which was a visible part of a subscriber's CPU per message. The same
+#: object, equal and frozen; its fields dict must name every field.
 _NEW: Any = object.__new__
 _SET: Any = object.__setattr__
-
-
-def _message(topic: str, seq: int, body: Any, offset: int | None) -> Message:
-    """``Message(topic, seq, body, offset)``, made without the frozen dataclass's
-    ``__init__`` (one field assignment checked at a time): once per message, it
-    was a visible part of a subscriber's CPU. The same object, equal and frozen.
-    (:meth:`Subscriber._messages` makes it the same way, inlined.)"""
-    message: Message = _NEW(Message)
-    _SET(message, "__dict__", {"topic": topic, "seq": seq, "body": body, "offset": offset})
-    return message
 
 
 def is_gap(frame: Subscribed, asked: dict[str, Any]) -> bool:
@@ -294,7 +288,7 @@ class Subscriber:
             # the yield): a subscriber's CPU per message is what limits it
             # beside a fast gateway (docs/benchmarks.md, "Fan-out").
             half = max(1, self._window // 2)
-            new, fill = _NEW, _SET  # _message(), inlined
+            new, fill = _NEW, _SET
             for item in frame["items"]:
                 offset = item.get("offset")
                 if offset is not None:
