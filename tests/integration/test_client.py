@@ -430,5 +430,8 @@ async def test_a_direct_link_answers_pings_while_its_owner_does_not_read(
             bodies += [item["body"] for item in frame.get("items", [])]
         assert bodies == list(range(40))
         assert link.is_open, link.closed_with
+        # Closed under it while nobody reads: is_open says so at once.
+        await link.conn.close()
+        assert not link.is_open
     finally:
         await link.close()

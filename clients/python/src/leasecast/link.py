@@ -21,6 +21,7 @@ import orjson
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed as WsConnectionClosed
 from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.protocol import State
 
 from leasecast.close_codes import CloseCode
 from leasecast.errors import (
@@ -364,6 +365,9 @@ class Link:
     @property
     def is_open(self) -> bool:
         """True until the socket has closed (for any reason)."""
+        if self._reader is None and self.conn.state is not State.OPEN:
+            # Direct: no reader has seen the close yet, the connection has.
+            return False
         return self.closed_with is None
 
     def _pushed(self, data: str | bytes) -> dict[str, Any] | None:
