@@ -402,7 +402,7 @@ async def measure_resume(peer: ResumePeer, args: argparse.Namespace, round_: int
     pids = peer.server_pids()
     position = await peer.fill(args.missed)
     cpu0 = cpu_of(pids) if pids else None
-    result = await resume(peer, args.missed, position=position)
+    result = await resume(peer, position, args.missed)
     cpu = cpu_of(pids) - cpu0 if cpu0 is not None else None
     return {
         "system": peer.name,

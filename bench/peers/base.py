@@ -429,14 +429,11 @@ class ResumeResult:
 
 
 async def resume(
-    peer: ResumePeer, missed: int, *, position: Any = None, timeout: float = 120
+    peer: ResumePeer, position: Any, missed: int, timeout: float = 120
 ) -> ResumeResult:
-    """Fill a fresh stream with ``missed`` messages (unless ``position``, from
-    :meth:`ResumePeer.fill`, is given), then time reading them back from the
-    position before the first: from the subscribe call (connection and
+    """Time reading back the ``missed`` messages after ``position`` (from
+    :meth:`ResumePeer.fill`): from the subscribe call (connection and
     handshake included) to the receipt of the last one."""
-    if position is None:
-        position = await peer.fill(missed)
     start = time.perf_counter()
     got = await asyncio.wait_for(peer.replay(position, missed), timeout)
     seconds = time.perf_counter() - start
