@@ -589,6 +589,10 @@ async def test_an_async_on_message_holds_credit_and_drops_are_reported(
     await publish(site, admin, "slow", list(range(20)))
     (socket,) = await subscriber_sockets(site, admin, "slow")
     assert (socket["credit"], socket["buffered"], socket["dropped"]) == (0, 3, 15), socket
+    # Sent by the gateway is not yet handled by the page: wait for the first,
+    # then it must be the only one (the page holds the second back).
+    await wait_until(lambda: page.evaluate("window.slow.bodies.length > 0"), "the first price")
+    await asyncio.sleep(0.3)
     assert await page.evaluate("window.slow.bodies") == [0]
 
     await page.evaluate("window.slow.release()")
