@@ -9,6 +9,10 @@ Waking the gateways follows the commit, never a poll: on PostgreSQL a
 ``pg_notify`` inside the transaction (delivered on commit to every gateway
 process, ``gateway.engine.notify``); on SQLite, after the commit, this process's
 pumps directly and the other processes' through datagrams.
+
+:func:`enqueue_on_django` is the enqueue both of them share: on PostgreSQL a
+single message without a key or group goes as one statement
+(``gateway.store.enqueue_statement``), everything else as a store transaction.
 """
 
 from __future__ import annotations
@@ -20,14 +24,20 @@ from typing import Any
 
 from django.db import connections, transaction
 
+from gateway.core.protocol import EnqueueSpec
 from gateway.engine.wal import leave_checkpoints_to_gateways
 from gateway.runtime import count_from_thread
 from gateway.store.dialects import POSTGRESQL, SQLITE_THROUGH_DJANGO
+from gateway.store.enqueue import enqueue as store_enqueue
+from gateway.store.enqueue_statement import enqueue_in_one_statement, fits_one_statement
 from gateway.store.groups import settle
+from gateway.store.ops import EnqueueResult
 from gateway.store.runner import NOTIFY_CHANNEL
+from gateway.store.tasks import NewTask
+from gateway.store.tasks import create as create_task
 from gateway.store.txn import QueueCache, Txn, django_shard
 
-__all__ = ["django_transaction"]
+__all__ = ["django_transaction", "enqueue_on_django"]
 
 
 @contextmanager
@@ -55,6 +65,53 @@ def django_transaction(using: str = "default") -> Iterator[Txn]:
             # This process's runtime, if it serves the gateway: its dashboard's rates.
             transaction.on_commit(lambda: count_from_thread(counted), using=using)
         _announce(cursor, connection.vendor, using, txn.woken)
+
+
+def enqueue_on_django(
+    using: str, queue: str, specs: list[EnqueueSpec], task: NewTask | None = None
+) -> list[EnqueueResult]:
+    """Enqueue ``specs`` to ``queue`` (and write ``task``'s result row with the
+    first) through Django connection ``using``, in the caller's transaction if
+    there is one; all or nothing.
+
+    Raises:
+        QueueFull: ``queue`` is bounded and the messages do not fit; nothing
+            was written.
+    """
+    connection = connections[using]
+    if connection.vendor == "postgresql" and fits_one_statement(specs):
+        msg_id = _enqueue_in_one_statement(connection, using, queue, specs[0], task)
+        if msg_id is not None:
+            return [EnqueueResult(str(msg_id), False)]
+    with django_transaction(using) as txn:
+        results = store_enqueue(txn, queue, specs)
+        if task is not None:
+            create_task(txn, task, int(results[0].id))
+    return results
+
+
+def _enqueue_in_one_statement(
+    connection: Any, using: str, queue: str, spec: EnqueueSpec, task: NewTask | None
+) -> int | None:
+    def run(cursor: Any) -> int | None:
+        return enqueue_in_one_statement(
+            cursor, queue, spec, now=time.time(), shard=django_shard(), task=task
+        )
+
+    if connection.in_atomic_block or not connection.get_autocommit():
+        # In the caller's transaction: a savepoint, so that a failure is the
+        # caller's to handle, as on the general path.
+        with transaction.atomic(using=using), connection.cursor() as cursor:
+            msg_id = run(cursor)
+    else:
+        # Not in a transaction: the statement is one, its own BEGIN and COMMIT.
+        with connection.cursor() as cursor:
+            msg_id = run(cursor)
+    if msg_id is not None:
+        counted = {(queue, "enqueued", ""): 1}
+        transaction.on_commit(lambda: count_from_thread(counted), using=using)
+        transaction.on_commit(lambda: _wake_after_commit("postgresql", [queue], using), using=using)
+    return msg_id
 
 
 def _announce(cursor: Any, vendor: str, using: str, queues: Iterable[str]) -> None:

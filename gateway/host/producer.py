@@ -128,8 +128,7 @@ def _limits() -> Limits:
 
 def _enqueue_in_process(queue: str, specs: list[EnqueueSpec], using: str) -> list[EnqueueResult]:
     from gateway.conf import gateway_settings
-    from gateway.host.on_django import django_transaction
-    from gateway.store.enqueue import enqueue as store_enqueue
+    from gateway.host.on_django import enqueue_on_django
 
     # Waiting for room inside the caller's transaction would hold its locks
     # (on SQLite, the whole database) while the workers need them: refuse.
@@ -137,8 +136,7 @@ def _enqueue_in_process(queue: str, specs: list[EnqueueSpec], using: str) -> lis
     deadline = time.monotonic() + gateway_settings().block_wait
     while True:
         try:
-            with django_transaction(using) as txn:
-                return store_enqueue(txn, queue, specs)
+            return enqueue_on_django(using, queue, specs)
         except QueueFull as exc:
             if not (exc.may_wait and may_wait and time.monotonic() < deadline):
                 raise

@@ -152,9 +152,8 @@ class LeasecastBackend(BaseTaskBackend):
             Backpressure: the task's queue is bounded and full.
         """
         from gateway.conf import gateway_settings
-        from gateway.host.on_django import django_transaction
-        from gateway.store.enqueue import enqueue as store_enqueue
-        from gateway.store.tasks import create as create_result
+        from gateway.host.on_django import enqueue_on_django
+        from gateway.store.tasks import NewTask
 
         self.validate_task(task)
         result = TaskResult(  # normalises args and kwargs, or raises for non-JSON ones
@@ -182,23 +181,20 @@ class LeasecastBackend(BaseTaskBackend):
         if task.run_after is not None:
             delay = max(0.0, task.run_after.timestamp() - now)
         spec = EnqueueSpec(body, delay=delay, priority=task.priority)
-        with django_transaction(self.database) as txn:
-            (enqueued,) = store_enqueue(txn, task.queue_name, [spec])
-            # TaskRecord's row, written without the ORM (its model instance and
-            # SQL compiler were the larger part of an enqueue's CPU).
-            create_result(
-                txn,
-                result.id,
-                backend=self.alias,
-                task_path=task.module_path,
-                queue=task.queue_name,
-                priority=task.priority,
-                args_json=orjson.dumps(result.args),
-                kwargs_json=orjson.dumps(result.kwargs),
-                message_id=int(enqueued.id),
-                enqueued_at=now,
-                run_after=now + delay if delay else None,
-            )
+        # The result row is written without the ORM (its model instance and
+        # SQL compiler were the larger part of an enqueue's CPU).
+        row = NewTask(
+            result.id,
+            backend=self.alias,
+            task_path=task.module_path,
+            queue=task.queue_name,
+            priority=task.priority,
+            args_json=orjson.dumps(result.args),
+            kwargs_json=orjson.dumps(result.kwargs),
+            enqueued_at=now,
+            run_after=now + delay if delay else None,
+        )
+        enqueue_on_django(self.database, task.queue_name, [spec], task=row)
         object.__setattr__(result, "enqueued_at", to_datetime(now))
         return result
 

@@ -1,4 +1,5 @@
-"""Task results (``gateway.tasks``): outcomes recorded with the ack or nack, and pruning.
+"""Task results (``gateway.tasks``): the row an enqueue creates, outcomes recorded
+with the ack or nack, and pruning.
 
 A worker's ack or nack of a task's message may carry the task's outcome
 (``TaskOutcome``); it is written here, in the same transaction, so a task is
@@ -9,6 +10,7 @@ cannot write the result of a task it does not hold.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -16,50 +18,69 @@ import orjson
 from gateway.core.protocol import TaskOutcome
 from gateway.store.txn import Txn
 
-__all__ = ["create", "forget_results", "record"]
+__all__ = ["TASK_COLUMNS", "TASK_VALUES", "NewTask", "create", "forget_results", "record"]
 
 
-def create(
-    txn: Txn,
-    result_id: str,
-    *,
-    backend: str,
-    task_path: str,
-    queue: str,
-    priority: int,
-    args_json: bytes,
-    kwargs_json: bytes,
-    message_id: int,
-    enqueued_at: float,
-    run_after: float | None,
-) -> None:
-    """Insert a task's result row (READY, no attempts yet) in the enqueuer's transaction.
+@dataclass(frozen=True, slots=True)
+class NewTask:
+    """A task's result row as its enqueue writes it (READY, no attempts yet).
+
+    ``args_json`` and ``kwargs_json`` are the JSON texts of the arguments; the
+    row's ``message_id`` is the id of the message enqueued with it.
+    """
+
+    result_id: str
+    backend: str
+    task_path: str
+    queue: str
+    priority: int
+    args_json: bytes
+    kwargs_json: bytes
+    enqueued_at: float
+    run_after: float | None
+
+    def values(self) -> tuple[Any, ...]:
+        """The parameters of :data:`TASK_VALUES`, in order (the message id's aside)."""
+        return (
+            self.result_id,
+            self.backend,
+            self.task_path,
+            self.queue,
+            self.priority,
+            self.args_json.decode(),
+            self.kwargs_json.decode(),
+            self.enqueued_at,
+            self.run_after,
+            "[]",  # errors
+            "[]",  # worker_ids
+        )
+
+
+#: The columns of a new result row and their values: :meth:`NewTask.values`
+#: fills the placeholders, ``{json}`` is the dialect's JSON parameter and
+#: ``{message_id}`` the message's id (last, so the two statements that write
+#: the row can each put their own there).
+TASK_COLUMNS = (
+    "id, backend, task_path, queue, priority, args, kwargs, enqueued_at, run_after, "
+    "errors, worker_ids, status, started_at, finished_at, last_attempted_at, return_value, "
+    "message_id"
+)
+TASK_VALUES = (
+    "%s, %s, %s, %s, %s, {json}, {json}, %s, %s, {json}, {json}, 'READY', NULL, NULL, NULL, "
+    "NULL, {message_id}"
+)
+
+
+def create(txn: Txn, task: NewTask, message_id: int) -> None:
+    """Insert ``task``'s result row in the enqueuer's transaction.
 
     The row of ``gateway.models.TaskRecord`` that the ORM would write, in one
     statement without building a model instance (every enqueue pays for it).
-    ``args_json`` and ``kwargs_json`` are the JSON texts of the arguments.
     """
-    cast = txn.dialect.json_param
+    values = TASK_VALUES.format(json=txn.dialect.json_param, message_id="%s")
     txn.exec(
-        "INSERT INTO leasecast_task (id, backend, task_path, queue, priority, args, kwargs, "
-        "status, message_id, enqueued_at, run_after, started_at, finished_at, "
-        "last_attempted_at, return_value, errors, worker_ids) "
-        f"VALUES (%s, %s, %s, %s, %s, {cast}, {cast}, 'READY', %s, %s, %s, "
-        f"NULL, NULL, NULL, NULL, {cast}, {cast})",
-        (
-            result_id,
-            backend,
-            task_path,
-            queue,
-            priority,
-            args_json.decode(),
-            kwargs_json.decode(),
-            message_id,
-            enqueued_at,
-            run_after,
-            "[]",
-            "[]",
-        ),
+        f"INSERT INTO leasecast_task ({TASK_COLUMNS}) VALUES ({values})",
+        (*task.values(), message_id),
     )
 
 
