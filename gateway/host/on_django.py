@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import psycopg
 from django.db import connections, transaction
 
 from gateway.core.protocol import EnqueueSpec
@@ -101,17 +102,39 @@ def _enqueue_in_one_statement(
     if connection.in_atomic_block or not connection.get_autocommit():
         # In the caller's transaction: a savepoint, so that a failure is the
         # caller's to handle, as on the general path.
-        with transaction.atomic(using=using), connection.cursor() as cursor:
+        with transaction.atomic(using=using), _binding_cursor(connection) as cursor:
             msg_id = run(cursor)
     else:
         # Not in a transaction: the statement is one, its own BEGIN and COMMIT.
-        with connection.cursor() as cursor:
+        with _binding_cursor(connection) as cursor:
             msg_id = run(cursor)
     if msg_id is not None:
         counted = {(queue, "enqueued", ""): 1}
         transaction.on_commit(lambda: count_from_thread(counted), using=using)
         transaction.on_commit(lambda: _wake_after_commit("postgresql", [queue], using), using=using)
     return msg_id
+
+
+def _binding_cursor(connection: Any) -> Any:
+    """A cursor on Django connection ``connection`` that sends its parameters
+    apart from the statement (server-side binding), wrapped as Django wraps
+    its own: ``connection.queries`` and execute wrappers see what it runs.
+
+    Django's psycopg cursor writes the values into the statement's text
+    unless the database's ``OPTIONS`` ask for ``server_side_binding``; for
+    the one-statement enqueue PostgreSQL then spent about 180 us more CPU
+    per statement (a text full of literals to parse and plan) than with
+    parameters.
+    """
+    connection.ensure_connection()
+    raw = connection.connection
+    if not isinstance(raw, psycopg.Connection):  # another driver: Django's own cursor
+        return connection.cursor()
+    connection.validate_thread_sharing()
+    cursor = psycopg.Cursor(raw)
+    if connection.queries_logged:
+        return connection.make_debug_cursor(cursor)
+    return connection.make_cursor(cursor)
 
 
 def _announce(cursor: Any, vendor: str, using: str, queues: Iterable[str]) -> None:

@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 
 import pytest
 from django.db import connections, transaction
+from django.test.utils import CaptureQueriesContext
 
 import gateway as leasecast
 from gateway.core.errors import Backpressure, BadFrame, Invalid, QueueFull, TooLarge
@@ -170,6 +171,34 @@ async def test_enqueue_outside_a_transaction_commits_at_once(
         result = await on_db(leasecast.enqueue, q, "now", using=alias)
         (delivery,) = await worker.deliveries(1, timeout=10)
         assert (delivery["id"], delivery["body"]) == (result.id, "now")
+
+
+def test_the_enqueue_shows_in_djangos_query_log(gateway: GatewayProcess, alias: str) -> None:
+    """Django's query log (``assertNumQueries``, the debug toolbar) sees the
+    enqueue; on PostgreSQL one message to an existing queue is one statement
+    on its own, and that statement and a savepoint's two in the caller's
+    transaction."""
+    q = unique("tx-logged")
+
+    def enqueue_logged(atomic: bool) -> tuple[str, list[str]]:
+        connection = connections[alias]  # the database thread's
+        leasecast.enqueue(q, "first, which creates the queue", using=alias)
+        with CaptureQueriesContext(connection) as captured:
+            if atomic:
+                with transaction.atomic(using=alias):
+                    leasecast.enqueue(q, "in a transaction", using=alias)
+            else:
+                leasecast.enqueue(q, "alone", using=alias)
+        return connection.vendor, [query["sql"] for query in captured.captured_queries]
+
+    for atomic in (False, True):
+        vendor, logged = _DB.submit(enqueue_logged, atomic).result()
+        assert any("INSERT INTO leasecast_message" in sql for sql in logged), logged
+        if vendor == "postgresql":
+            own = [sql for sql in logged if sql not in ("BEGIN", "COMMIT")]  # the test's
+            assert len(own) == (3 if atomic else 1), logged
+        else:
+            assert len(logged) > 3, logged  # the general path's statements
 
 
 async def test_aenqueue_from_async_code(
