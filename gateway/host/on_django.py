@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import psycopg
@@ -28,7 +28,7 @@ from django.db import connections, transaction
 from gateway.core.protocol import EnqueueSpec
 from gateway.engine.wal import leave_checkpoints_to_gateways
 from gateway.runtime import count_from_thread
-from gateway.store.dialects import POSTGRESQL, SQLITE_THROUGH_DJANGO
+from gateway.store.dialects import POSTGRESQL, SQLITE_THROUGH_DJANGO, take_write_lock
 from gateway.store.enqueue import enqueue as store_enqueue
 from gateway.store.enqueue_statement import enqueue_in_one_statement, fits_one_statement
 from gateway.store.groups import settle
@@ -53,7 +53,7 @@ def django_transaction(using: str = "default") -> Iterator[Txn]:
     connection = connections[using]
     # Django's cursor on both: its placeholders are %s (SQLITE_THROUGH_DJANGO's doc).
     dialect = POSTGRESQL if connection.vendor == "postgresql" else SQLITE_THROUGH_DJANGO
-    with transaction.atomic(using=using), connection.cursor() as cursor:
+    with _atomic(connection, using), connection.cursor() as cursor:
         if connection.vendor == "sqlite":
             leave_checkpoints_to_gateways(connection, cursor, using)
         # No cache across calls: settings edited elsewhere apply at once here.
@@ -66,6 +66,27 @@ def django_transaction(using: str = "default") -> Iterator[Txn]:
             # This process's runtime, if it serves the gateway: its dashboard's rates.
             transaction.on_commit(lambda: count_from_thread(counted), using=using)
         _announce(cursor, connection.vendor, using, txn.woken)
+
+
+@contextmanager
+def _atomic(connection: Any, using: str) -> Iterator[None]:
+    """``transaction.atomic(using)``; an outermost one on SQLite whose ``BEGIN``
+    takes the write lock (``transaction_mode`` IMMEDIATE or EXCLUSIVE, as the
+    docs ask) takes it in short steps, as the gateway's store does
+    (``gateway.store.dialects.take_write_lock``): with SQLite's own busy
+    handler an enqueue that met a gateway's commit slept 1 ms or more."""
+    atomic = transaction.atomic(using=using)
+    takes_lock = getattr(connection, "transaction_mode", None) in ("IMMEDIATE", "EXCLUSIVE")
+    if connection.vendor != "sqlite" or connection.in_atomic_block or not takes_lock:
+        with atomic:
+            yield
+        return
+    connection.ensure_connection()
+    # A BEGIN refused as busy leaves Django's state as it was: it may be tried again.
+    take_write_lock(connection.connection.cursor(), atomic.__enter__)
+    with ExitStack() as entered:
+        entered.push(atomic)  # its __exit__: commit, or roll back on an exception
+        yield
 
 
 def enqueue_on_django(

@@ -191,7 +191,7 @@ class Store:
                     raise _Unreachable(f"{type(exc).__name__}: {exc}") from exc
             cur = self._conn.cursor()
             try:
-                cur.execute(self.dialect.begin)
+                self.dialect.start(cur)
                 return cur
             except Exception as exc:
                 self.close()

@@ -21,6 +21,7 @@ import functools
 import json
 import re
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -199,6 +200,39 @@ def test_the_enqueue_shows_in_djangos_query_log(gateway: GatewayProcess, alias: 
             assert len(own) == (3 if atomic else 1), logged
         else:
             assert len(logged) > 3, logged  # the general path's statements
+
+
+def test_an_enqueue_takes_a_held_write_lock_in_short_steps(
+    gateway: GatewayProcess, alias: str, database_env: tuple[dict[str, str], Path]
+) -> None:
+    """On SQLite an enqueue outside a transaction that finds the write lock
+    held tries its ``BEGIN IMMEDIATE`` again and again (SQLite's own handler
+    would try once and sleep 1 ms, 2 ms, 5 ms... inside it), and commits
+    once the lock is free."""
+    env, _ = database_env
+    if "GATEWAY_SQLITE_PATH" not in env:
+        pytest.skip("SQLite's write lock (PostgreSQL has none to wait for)")
+    q = unique("tx-locked")
+    path = env["GATEWAY_SQLITE_PATH"]
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(0.3, holder.execute, ["ROLLBACK"])
+
+    def enqueue_logged() -> list[str]:
+        with CaptureQueriesContext(connections[alias]) as captured:
+            release.start()
+            leasecast.enqueue(q, "after the lock", using=alias)
+        return [query["sql"] for query in captured.captured_queries]
+
+    try:
+        logged = _DB.submit(enqueue_logged).result()
+    finally:
+        release.join()
+        holder.close()
+    assert logged.count("BEGIN IMMEDIATE") > 3, logged
+    assert (
+        _DB.submit(lambda: Message.objects.using(alias).filter(queue__name=q).count()).result() == 1
+    )
 
 
 async def test_aenqueue_from_async_code(
