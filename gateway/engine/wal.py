@@ -37,8 +37,6 @@ from typing import Any
 
 from django.db import connections
 
-from gateway.engine.notify import gateways_listen
-
 __all__ = ["INTERVAL", "NO_AUTOCHECKPOINT", "WalCheckpointer", "leave_checkpoints_to_gateways"]
 
 log = logging.getLogger("leasecast.store")
@@ -103,10 +101,11 @@ class WalCheckpointer:
             wrapper.close()
 
 
-def leave_checkpoints_to_gateways(wrapper: Any, cursor: Any, using: str) -> None:
-    """Before Django connection ``wrapper`` (alias ``using``, on SQLite) writes
-    to the store: no automatic checkpoint in its commits while a gateway
-    process serves the file, the connection's own setting otherwise.
+def leave_checkpoints_to_gateways(wrapper: Any, cursor: Any, *, gateways: bool) -> None:
+    """Before Django connection ``wrapper`` (on SQLite) writes to the store: no
+    automatic checkpoint in its commits while a gateway process serves the
+    file (``gateways``: :func:`gateway.engine.notify.gateways_listen`), the
+    connection's own setting otherwise.
 
     The setting is read once per database connection and changed only when
     the answer changes (a PRAGMA, outside the transaction's data).
@@ -117,7 +116,7 @@ def leave_checkpoints_to_gateways(wrapper: Any, cursor: Any, using: str) -> None
         cursor.execute("PRAGMA wal_autocheckpoint")
         (own,) = cursor.fetchone()
         state = wrapper._leasecast_autocheckpoint = [raw, own, own]
-    wanted = 0 if gateways_listen(using) else state[1]
+    wanted = 0 if gateways else state[1]
     if wanted != state[2]:
         cursor.execute(f"PRAGMA wal_autocheckpoint={int(wanted)}")
         state[2] = wanted

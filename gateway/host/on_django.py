@@ -26,6 +26,7 @@ import psycopg
 from django.db import connections, transaction
 
 from gateway.core.protocol import EnqueueSpec
+from gateway.engine.notify import announce_local, listening
 from gateway.engine.wal import leave_checkpoints_to_gateways
 from gateway.runtime import count_from_thread
 from gateway.store.dialects import POSTGRESQL, SQLITE_THROUGH_DJANGO, take_write_lock
@@ -54,8 +55,12 @@ def django_transaction(using: str = "default") -> Iterator[Txn]:
     # Django's cursor on both: its placeholders are %s (SQLITE_THROUGH_DJANGO's doc).
     dialect = POSTGRESQL if connection.vendor == "postgresql" else SQLITE_THROUGH_DJANGO
     with _atomic(connection, using), connection.cursor() as cursor:
+        # SQLite: the gateway processes on the file, read once for the
+        # checkpoints and the wake-up after the commit.
+        peers = None
         if connection.vendor == "sqlite":
-            leave_checkpoints_to_gateways(connection, cursor, using)
+            peers = listening(using)
+            leave_checkpoints_to_gateways(connection, cursor, gateways=bool(peers))
         # No cache across calls: settings edited elsewhere apply at once here.
         queues = QueueCache(gateway_settings().default_queue, ttl=0.0)
         txn = Txn(cursor, dialect, time.time(), queues)
@@ -65,7 +70,7 @@ def django_transaction(using: str = "default") -> Iterator[Txn]:
         if counted:
             # This process's runtime, if it serves the gateway: its dashboard's rates.
             transaction.on_commit(lambda: count_from_thread(counted), using=using)
-        _announce(cursor, connection.vendor, using, txn.woken)
+        _announce(cursor, connection.vendor, using, txn.woken, peers)
 
 
 @contextmanager
@@ -158,7 +163,9 @@ def _binding_cursor(connection: Any) -> Any:
     return connection.make_cursor(cursor)
 
 
-def _announce(cursor: Any, vendor: str, using: str, queues: Iterable[str]) -> None:
+def _announce(
+    cursor: Any, vendor: str, using: str, queues: Iterable[str], peers: list[str] | None = None
+) -> None:
     names = sorted(set(queues))
     if not names:
         return
@@ -167,15 +174,16 @@ def _announce(cursor: Any, vendor: str, using: str, queues: Iterable[str]) -> No
             # Signed "admin": every gateway's listener takes it (each skips
             # only its own store's notifications).
             cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, f"admin {name}"])
-    transaction.on_commit(lambda: _wake_after_commit(vendor, names, using), using=using)
+    transaction.on_commit(lambda: _wake_after_commit(vendor, names, using, peers), using=using)
 
 
-def _wake_after_commit(vendor: str, names: list[str], using: str) -> None:
-    from gateway.engine.notify import announce_local
+def _wake_after_commit(
+    vendor: str, names: list[str], using: str, peers: list[str] | None = None
+) -> None:
     from gateway.runtime import wake_from_thread
 
     wake_from_thread(names)  # this process's pumps, if it serves the gateway
     if vendor != "postgresql":
         # The gateways of the file this transaction wrote to, which is not
-        # always the "default" database's.
-        announce_local(names, using)
+        # always the "default" database's (``peers``: as read when it began).
+        announce_local(names, using, peers)
