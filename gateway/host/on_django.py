@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, closing, contextmanager
 from typing import Any
 
 import psycopg
@@ -88,7 +88,8 @@ def _atomic(connection: Any, using: str) -> Iterator[None]:
         return
     connection.ensure_connection()
     # A BEGIN refused as busy leaves Django's state as it was: it may be tried again.
-    take_write_lock(connection.connection.cursor(), atomic.__enter__)
+    with closing(connection.connection.cursor()) as raw:
+        take_write_lock(raw, atomic.__enter__)
     with ExitStack() as entered:
         entered.push(atomic)  # its __exit__: commit, or roll back on an exception
         yield
@@ -152,6 +153,8 @@ def _binding_cursor(connection: Any) -> Any:
     per statement (a text full of literals to parse and plan) than with
     parameters.
     """
+    # As Django's own cursor() does (its CONN_HEALTH_CHECKS).
+    connection.close_if_health_check_failed()
     connection.ensure_connection()
     raw = connection.connection
     if not isinstance(raw, psycopg.Connection):  # another driver: Django's own cursor
