@@ -53,7 +53,6 @@ __all__ = [
     "Listener",
     "announce_cancelled",
     "announce_local",
-    "gateways_listen",
     "listening",
     "parse_cancel_notice",
     "start_listener",
@@ -206,7 +205,8 @@ def _wake_dir_name(using: str) -> str | None:
 
 def listening(using: str = "default") -> list[str]:
     """The sockets (paths) of the gateway processes listening beside the SQLite
-    file of Django database ``using``; empty if none, or not SQLite.
+    file of Django database ``using``; empty if none, or not SQLite. (A socket
+    whose process is gone is removed by the first datagram sent to it.)
 
     One directory read: a transaction on Django's connection reads it once,
     for both :func:`leave_checkpoints_to_gateways
@@ -288,13 +288,6 @@ def announce_local(
     if peers is None:
         peers = listening(using)
     return _send_local(peers, "\n".join(sorted(set(queues))), skip_own=True)
-
-
-def gateways_listen(using: str = "default") -> bool:
-    """Whether a gateway process listens beside the SQLite file of Django
-    database ``using`` (a socket in its wake directory; a socket whose process
-    is gone is removed by the first datagram sent to it)."""
-    return bool(listening(using))
 
 
 def announce_cancelled(queue: str, msg_id: str, receipt: str, using: str = "default") -> None:

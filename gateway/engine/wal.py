@@ -104,7 +104,7 @@ class WalCheckpointer:
 def leave_checkpoints_to_gateways(wrapper: Any, cursor: Any, *, gateways: bool) -> None:
     """Before Django connection ``wrapper`` (on SQLite) writes to the store: no
     automatic checkpoint in its commits while a gateway process serves the
-    file (``gateways``: :func:`gateway.engine.notify.gateways_listen`), the
+    file (``gateways``: :func:`gateway.engine.notify.listening` found one), the
     connection's own setting otherwise.
 
     The setting is read once per database connection and changed only when

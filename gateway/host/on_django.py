@@ -136,10 +136,15 @@ def _enqueue_in_one_statement(
         with _binding_cursor(connection) as cursor:
             msg_id = run(cursor)
     if msg_id is not None:
-        counted = {(queue, "enqueued", ""): 1}
-        transaction.on_commit(lambda: count_from_thread(counted), using=using)
-        transaction.on_commit(lambda: _wake_after_commit("postgresql", [queue], using), using=using)
+        # What django_transaction does after a commit: this process's
+        # dashboard counts and pumps (the statement's NOTIFY told the others).
+        transaction.on_commit(lambda: _after_one_statement(queue, using), using=using)
     return msg_id
+
+
+def _after_one_statement(queue: str, using: str) -> None:
+    count_from_thread({(queue, "enqueued", ""): 1})
+    _wake_after_commit("postgresql", [queue], using)
 
 
 def _binding_cursor(connection: Any) -> Any:
