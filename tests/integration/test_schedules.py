@@ -67,6 +67,25 @@ async def _messages(gw: GatewayProcess, token: str, queue: str) -> list[dict[str
     return page["messages"]  # type: ignore[no-any-return]
 
 
+async def _settled(
+    gw: GatewayProcess, token: str, name: str, queue: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The schedule's document and its queue's messages as of one moment.
+
+    ``gw`` keeps firing every second: a tick committed between the two reads
+    would put one message more than ``fired`` says. A tick's message and its
+    ``fired`` commit together, so messages read between two equal documents
+    are exactly those ticks'.
+    """
+    for _ in range(20):
+        before = await _schedule(gw, token, name)
+        messages = await _messages(gw, token, queue)
+        after = await _schedule(gw, token, name)
+        if before["fired"] == after["fired"]:
+            return after, messages
+    raise AssertionError(f"schedule {name} never stood still between two reads")
+
+
 async def test_schedule_documents_and_bad_input(gateway: GatewayProcess, admin_token: str) -> None:
     name, queue = unique("s"), unique()
     url = f"{gateway.http}/api/schedules/{name}"
@@ -197,8 +216,7 @@ async def test_every_tick_once_across_processes_crashes_and_catch_up(
         await wait_until(
             lambda: _fired_directly(b, name, after_restart + 4), "ticks fired by b alone"
         )
-        doc = await _schedule(b, token, name)
-        messages = await _messages(b, token, queue)
+        doc, messages = await _settled(b, token, name, queue)
         keys = [m["key"] for m in messages]
         ticks = sorted(_seconds(key.split(":", 2)[2]) for key in keys)
         assert len(keys) == len(set(keys)) == doc["fired"], "one message per tick"
