@@ -30,6 +30,7 @@ import hashlib
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -39,6 +40,7 @@ __all__ = [
     "SQLITE",
     "SQLITE_THROUGH_DJANGO",
     "Dialect",
+    "Leased",
     "Run",
     "Statement",
     "check_sqlite",
@@ -63,6 +65,26 @@ LEASE_GUARD = (
     "AND NOT EXISTS (SELECT 1 FROM leasecast_queue AS qc WHERE qc.id = %s "
     "AND (qc.paused OR qc.max_in_flight > 0 OR qc.rate_limit > 0))"
 )
+
+
+#: A lease's condition on the message's ttl: a message past it is never
+#: leased, whether or not a sweep (``gateway.store.expiry``) has
+#: dead-lettered it yet. The parameter is the transaction's clock.
+LEASE_TTL = "AND (expires_at IS NULL OR expires_at > %s)"
+
+
+@dataclass(slots=True)
+class Leased:
+    """What one lease statement returned (:meth:`Dialect.lease`)."""
+
+    #: a row of :data:`LEASED_COLUMNS` per message, in no promised order
+    rows: list[Sequence[Any]]
+    #: where the dialect reads them in the same statement (PostgreSQL), and
+    #: only when ``rows`` are fewer than asked: the queue's earliest
+    #: ``visible_at`` of a leased or delayed message other than ``rows``, and
+    #: its earliest ``expires_at``, as the statement found them; None
+    #: otherwise, and the caller reads them if it needs them
+    after: tuple[float | None, float | None] | None = None
 
 
 class Dialect:
@@ -122,10 +144,10 @@ class Dialect:
         token: int,
         *,
         guarded: bool = False,
-    ) -> list[Sequence[Any]]:
+    ) -> Leased:
         """Lease up to ``n`` heads of the queue in delivery order (priority, then id),
-        noting ``now`` as each lease's start (``leased_at``); returns a row of
-        :data:`LEASED_COLUMNS` per message, in no promised order.
+        none past its ttl (:data:`LEASE_TTL`), noting ``now`` as each lease's
+        start (``leased_at``).
 
         ``guarded``: lease nothing if the queue's row is paused or limited (a
         round run without the control rules, on settings cached before another
@@ -192,13 +214,14 @@ class _Sqlite(Dialect):
             SELECT id FROM (
                 SELECT id, priority FROM (
                     SELECT id, priority FROM leasecast_message
-                    WHERE queue_id = %s AND state = 0 {{guard}}
+                    WHERE queue_id = %s AND state = 0 {LEASE_TTL} {{guard}}
                     ORDER BY priority DESC, id LIMIT %s
                 )
                 UNION ALL
                 SELECT id, priority FROM (
                     SELECT id, priority FROM leasecast_message
-                    WHERE queue_id = %s AND state IN (1, 3) AND visible_at <= %s {{guard}}
+                    WHERE queue_id = %s AND state IN (1, 3) AND visible_at <= %s {LEASE_TTL}
+                        {{guard}}
                     ORDER BY priority DESC, id LIMIT %s
                 )
                 ORDER BY priority DESC, id LIMIT %s
@@ -219,20 +242,24 @@ class _Sqlite(Dialect):
         token: int,
         *,
         guarded: bool = False,
-    ) -> list[Sequence[Any]]:
+    ) -> Leased:
         if guarded:
             params: tuple[Any, ...] = (
                 *(token, now, lease_end, lease_end),
-                *(queue_id, queue_id, n),
                 *(queue_id, now, queue_id, n),
+                *(queue_id, now, now, queue_id, n),
                 n,
             )
             sql = self._LEASE_GUARDED
         else:
-            params = (token, now, lease_end, lease_end, queue_id, n, queue_id, now, n, n)
+            params = (
+                *(token, now, lease_end, lease_end),
+                *(queue_id, now, n),
+                *(queue_id, now, now, n),
+                n,
+            )
             sql = self._LEASE
-        rows: list[Sequence[Any]] = run(sql, params).fetchall()
-        return rows
+        return Leased(run(sql, params).fetchall())
 
     def insert(self, run: Run, rows: Sequence[tuple[Any, ...]]) -> list[int]:
         cursor = run(self._INSERT, (orjson.dumps(rows).decode(),))
@@ -369,26 +396,45 @@ class _Postgres(Dialect):
         row: Sequence[Any] | None = run(sql, (queue_id,)).fetchone()
         return row
 
-    _LEASE_TEMPLATE = """
+    # When the queue runs short (fewer rows than asked), the statement also
+    # reads what the round's caller needs next (``gateway.store.leasing``):
+    # the earliest lease to time out or delayed message to come due, other
+    # than the rows it leases (their new ends are in the rows), and the
+    # earliest ttl. Read in the same snapshot, that costs two index lookups
+    # instead of a round trip of its own; a full round skips them (CASE runs
+    # a subquery only when it is needed). ``after`` LEFT JOIN ``leased``
+    # gives one row even when nothing is leased.
+    _LEASE_TEMPLATE = f"""
         WITH ready AS (
             SELECT id, priority FROM leasecast_message
-            WHERE queue_id = %s AND state = 0 {guard}
+            WHERE queue_id = %s AND state = 0 {LEASE_TTL} {{guard}}
             ORDER BY priority DESC, id LIMIT %s
             FOR UPDATE SKIP LOCKED
         ), due AS (
             SELECT id, priority FROM leasecast_message
-            WHERE queue_id = %s AND state IN (1, 3) AND visible_at <= %s {guard}
+            WHERE queue_id = %s AND state IN (1, 3) AND visible_at <= %s {LEASE_TTL} {{guard}}
             ORDER BY priority DESC, id LIMIT %s
             FOR UPDATE SKIP LOCKED
         ), picked AS (
             SELECT id FROM (SELECT * FROM ready UNION ALL SELECT * FROM due) AS u
             ORDER BY priority DESC, id LIMIT %s
+        ), leased AS (
+            UPDATE leasecast_message AS m
+            SET state = 1, deliveries = m.deliveries + 1, lease_token = %s, leased_at = %s,
+                visible_at = CASE WHEN m.expires_at < %s THEN m.expires_at ELSE %s END
+            FROM picked WHERE m.id = picked.id
+            RETURNING m.id, m.body, m.deliveries, m."group", m.priority, m.visible_at
+        ), short AS (
+            SELECT (SELECT COUNT(*) FROM picked) < %s AS short
+        ), after AS (
+            SELECT CASE WHEN short THEN (SELECT MIN(visible_at) FROM leasecast_message
+                    WHERE queue_id = %s AND state IN (1, 3)
+                    AND id NOT IN (SELECT id FROM picked)) END AS due_at,
+                CASE WHEN short THEN (SELECT MIN(expires_at) FROM leasecast_message
+                    WHERE queue_id = %s AND expires_at IS NOT NULL) END AS expires_at
+            FROM short
         )
-        UPDATE leasecast_message AS m
-        SET state = 1, deliveries = m.deliveries + 1, lease_token = %s, leased_at = %s,
-            visible_at = CASE WHEN m.expires_at < %s THEN m.expires_at ELSE %s END
-        FROM picked WHERE m.id = picked.id
-        RETURNING m.id, m.body, m.deliveries, m."group", m.priority, m.visible_at
+        SELECT leased.*, after.due_at, after.expires_at FROM after LEFT JOIN leased ON true
     """
     _LEASE = _LEASE_TEMPLATE.replace("{guard}", "")
     _LEASE_GUARDED = _LEASE_TEMPLATE.replace("{guard}", LEASE_GUARD)
@@ -403,19 +449,21 @@ class _Postgres(Dialect):
         token: int,
         *,
         guarded: bool = False,
-    ) -> list[Sequence[Any]]:
-        if guarded:
-            params: tuple[Any, ...] = (
-                *(queue_id, queue_id, n),
-                *(queue_id, now, queue_id, n),
-                *(n, token, now, lease_end, lease_end),
-            )
-            sql = self._LEASE_GUARDED
-        else:
-            params = (queue_id, n, queue_id, now, n, n, token, now, lease_end, lease_end)
-            sql = self._LEASE
-        rows: list[Sequence[Any]] = run(sql, params).fetchall()
-        return rows
+    ) -> Leased:
+        guard: tuple[Any, ...] = (queue_id,) if guarded else ()
+        params = (
+            *(queue_id, now, *guard, n),
+            *(queue_id, now, now, *guard, n),
+            n,
+            *(token, now, lease_end, lease_end),
+            *(n, queue_id, queue_id),
+        )
+        sql = self._LEASE_GUARDED if guarded else self._LEASE
+        found = run(sql, params).fetchall()
+        # One row at least: the last two columns are ``after``; a row with no
+        # id stands for "nothing leased".
+        rows = [row[:6] for row in found if row[0] is not None]
+        return Leased(rows, (found[0][6], found[0][7]) if len(rows) < n else None)
 
     # The rows of a batch go as one JSON parameter, serialised in C by orjson:
     # psycopg dumps a Python list into an array parameter element by element

@@ -89,6 +89,8 @@ def insert(txn: Txn, rows: Sequence[tuple[QueueRow, EnqueueSpec]]) -> list[int]:
                     None if spec.ttl is None else now + spec.ttl,
                 )
             )
+            if spec.ttl is not None and now + spec.ttl < q.sweep_at:
+                q.sweep_at = now + spec.ttl  # swept by the first round after it runs out
             txn.woken.add(q.name)
             txn.count(q.id, "enqueued")
         ids += txn.dialect.insert(txn.exec, values)

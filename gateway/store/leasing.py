@@ -58,6 +58,9 @@ LEASE_SECONDS_SUM = "lease_seconds_sum_ms"
 #: Seconds after which a pump waiting on a paused queue looks again, at least
 #: (a resume on this process, or by NOTIFY, wakes it sooner).
 PAUSED_RECHECK = 1.0
+#: Seconds between a queue's sweeps of expired messages in its lease rounds,
+#: at most, when no ttl it knows of runs out sooner (see :func:`lease`).
+SWEEP_EVERY = 1.0
 #: Seconds after which a round that found a limited queue's row held by
 #: another transaction, and could not wait for it, tries again (rare: only a
 #: batch that already holds a later queue's row; see :func:`_allowance`).
@@ -81,15 +84,26 @@ def lease(txn: Txn, op: Lease) -> LeaseResult:
     queue is paused or limited; a round that comes back empty reads the row
     and, if so, goes on under the control rules. So a pause or a limit stored
     by another process binds here from its commit on, not a settings TTL later.
+
+    A message past its ttl is never leased (the lease statement's
+    condition). Dead-lettering such messages (the sweep, ``expire``) is a
+    statement of its own, so a round runs it only when a ttl it knows of has
+    run out, or every :data:`SWEEP_EVERY` seconds for those it cannot know
+    of (enqueued by another process since): each round learns the queue's
+    earliest ttl along with its next due time, and an enqueue through this
+    cache lowers it. An operator's read sweeps first anyway.
     """
     q = txn.queue(op.queue, create=True)
-    expire(txn, q)
     now = txn.now
+    if q.sweep_at <= now:
+        expire(txn, q)
+        q.sweep_at = now + SWEEP_EVERY
     result = LeaseResult()
     limit_due: float | None = None
+    after: tuple[float | None, float | None] | None = None
     controlled = q.settings.paused or q.settings.limited
     if not controlled:
-        _lease_into(txn, q, op, op.n, result, guarded=True)
+        after = _lease_into(txn, q, op, op.n, result, guarded=True)
         # The guard takes all or nothing: only an empty round may be its doing.
         empty = not result.delivered and not result.dead_lettered
         controlled = empty and _became_controlled(txn, q)
@@ -103,7 +117,8 @@ def lease(txn: Txn, op: Lease) -> LeaseResult:
             result.next_due = now + BUSY_RETRY
             return result
         before = len(result.delivered)
-        _lease_into(txn, q, op, limits.n, result, guarded=False)
+        if limits.n > 0:  # else no statement runs, and the guarded one's reading stands
+            after = _lease_into(txn, q, op, limits.n, result, guarded=False)
         leased = len(result.delivered) - before
         bucket = limits.spent(leased)
         if bucket is not None:
@@ -112,10 +127,21 @@ def lease(txn: Txn, op: Lease) -> LeaseResult:
                 (bucket.tokens, bucket.refilled_at, q.id),
             )
         limit_due = limits.wake_at(leased, wanted)
-    if len(result.delivered) < op.n:
+    if after is not None:
+        # Read by the lease statement itself, but for the leases it made.
+        due, expiring = after
+        ends = [d.expires_at for d in result.delivered]
+        if ends:
+            due = min(ends) if due is None else min(due, *ends)
+    elif len(result.delivered) < op.n:
         # One statement, one round trip: the next lease to time out or
         # delayed message to come due, and the next ttl to run out.
         due, expiring = txn.exec(_NEXT_DUE, (q.id, q.id)).fetchone()
+    else:
+        due = expiring = None
+    if expiring is not None and expiring < q.sweep_at:
+        q.sweep_at = expiring
+    if len(result.delivered) < op.n:
         times = [t for t in (due, expiring, limit_due) if t is not None]
         result.next_due = min(times) if times else None
     return result
@@ -131,19 +157,28 @@ _NEXT_DUE = (
 
 def _lease_into(
     txn: Txn, q: QueueRow, op: Lease, wanted: int, result: LeaseResult, *, guarded: bool
-) -> None:
+) -> tuple[float | None, float | None] | None:
     """Lease up to ``wanted`` messages into ``result``, refilling what
     ``max_deliveries`` dead-letters on the way, until the queue runs dry.
 
     Args:
         guarded: take nothing if the queue's stored row is paused or limited
             (``Dialect.lease``), for a round run without the control rules.
+
+    Returns:
+        The last lease statement's ``Leased.after``: None if the dialect does
+        not read it, if that statement leased all it asked for, or if no
+        statement ran.
     """
     now = txn.now
     timeout = op.visibility_timeout or q.settings.visibility_timeout
+    after: tuple[float | None, float | None] | None = None
     while wanted > 0:
         token = secrets.randbits(62)
-        rows = txn.dialect.lease(txn.exec, q.id, wanted, now, now + timeout, token, guarded=guarded)
+        leased = txn.dialect.lease(
+            txn.exec, q.id, wanted, now, now + timeout, token, guarded=guarded
+        )
+        rows, after = leased.rows, leased.after
         # The rows' order is not promised: restore delivery order.
         rows.sort(key=lambda row: (-row[4], row[0]))
         dead: list[int] = []
@@ -180,7 +215,8 @@ def _lease_into(
             txn.leased(q.id, [row[0] for row in rows])
         asked, wanted = wanted, wanted - (len(rows) - len(dead))
         if len(rows) < asked:
-            return  # the queue ran dry (or the guard held); else refill the dead-lettered
+            break  # the queue ran dry (or the guard held); else refill the dead-lettered
+    return after
 
 
 def _became_controlled(txn: Txn, q: QueueRow) -> bool:

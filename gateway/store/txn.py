@@ -64,6 +64,9 @@ class QueueRow:
     name: str
     settings: QueueSettings
     loaded_at: float
+    #: when a lease round next sweeps the queue's expired messages
+    #: (``gateway.store.leasing.lease``); 0: at its first round
+    sweep_at: float = 0.0
 
 
 class QueueCache:
@@ -159,7 +162,11 @@ class QueueCache:
             rate_limit=rate_limit,
             rate_burst=rate_burst,
         )
-        row = self._rows[name] = QueueRow(queue_id, name, settings, txn.now)
+        row = QueueRow(queue_id, name, settings, txn.now)
+        known = self._rows.get(name)
+        if known is not None and known.id == queue_id:
+            row.sweep_at = known.sweep_at  # what the rounds learnt outlives a re-read
+        self._rows[name] = row
         self._names[queue_id] = name
         self.note_control(row)
         return row

@@ -379,6 +379,45 @@ def test_next_due_includes_the_next_expiry(store: Store, queue: str, clock: Fake
     assert lease(store, queue).next_due == clock.now + 50
 
 
+def test_next_due_counts_the_leases_the_round_made(
+    store: Store, queue: str, clock: FakeClock
+) -> None:
+    # On PostgreSQL the lease statement reads the next due time itself, which
+    # leaves out the rows it leases: their new ends must still count.
+    put(store, queue, msg("a"), msg("b", delay=40))
+    got = lease(store, queue, timeout=5)
+    assert names(got.delivered) == ["a"] and got.next_due == clock.now + 5  # a's lease ends
+    put(store, queue, msg("c"), msg("d", delay=3))
+    got = lease(store, queue, timeout=5)
+    assert names(got.delivered) == ["c"] and got.next_due == clock.now + 3  # d comes due
+
+
+def test_a_message_past_its_ttl_is_never_leased_before_a_sweep_finds_it(
+    database: tuple[str, Any], store: Store, queue: str, clock: FakeClock
+) -> None:
+    from gateway.core.leases import QueueSettings
+    from gateway.store.leasing import SWEEP_EVERY
+
+    _, connect = database
+    assert take(store, queue) == []  # this round sweeps; the next is a second off
+    # Another process enqueues: this store's rounds cannot know of its ttl.
+    settings = QueueSettings(visibility_timeout=30, max_deliveries=3, dedup_window=60)
+    other = Store(connect, store.dialect, clock=clock, defaults=settings, settings_ttl=0)
+    try:
+        put(other, queue, msg("short", ttl=SWEEP_EVERY / 4), msg("long"))
+    finally:
+        other.close()
+    clock.advance(SWEEP_EVERY / 2)
+    got = lease(store, queue)
+    assert names(got.delivered) == ["long"]
+    assert not any(name == "dead_lettered" for _, name, _ in store.counted)  # not swept yet
+    assert got.next_due is not None and got.next_due <= clock.now  # but its ttl was learnt
+    assert take(store, queue) == []
+    assert store.counted.get((queue, "dead_lettered", "expired")) == 1
+    (dead,) = browse_all(store, queue, "dead")
+    assert (names_of(dead), dead.dead_reason, dead.deliveries) == ("short", "expired", 0)
+
+
 def test_redrive_takes_messages_expired_since_anyone_looked(
     store: Store, queue: str, clock: FakeClock
 ) -> None:
