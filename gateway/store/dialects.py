@@ -96,8 +96,12 @@ class Dialect:
     #: a JSON value passed as text, for a JSON column (``TaskRecord``)
     json_param = "%s"
 
-    def start(self, cursor: Any) -> None:
-        """Begin a transaction on ``cursor``'s connection (:attr:`begin`)."""
+    def start(self, cursor: Any, *, relaxed: bool = False) -> None:
+        """Begin a transaction on ``cursor``'s connection (:attr:`begin`).
+
+        ``relaxed``: its commit need not wait for the log's flush, where the
+        database can say so (PostgreSQL; see ``gateway.store.runner``).
+        """
         cursor.execute(self.begin)
 
     def sql(self, text: str) -> str:
@@ -184,7 +188,7 @@ class _Sqlite(Dialect):
     begin = "BEGIN IMMEDIATE"
     placeholder = "?"
 
-    def start(self, cursor: Any) -> None:
+    def start(self, cursor: Any, *, relaxed: bool = False) -> None:
         """``BEGIN IMMEDIATE``, the write lock taken in short steps (:func:`take_write_lock`)."""
         take_write_lock(cursor, lambda: cursor.execute(self.begin))
 
@@ -390,6 +394,12 @@ class _Postgres(Dialect):
     # (foreign keys to the row take KEY SHARE) do not wait for it.
     _CONTROL = Dialect._CONTROL + " FOR NO KEY UPDATE"
     _CONTROL_NOWAIT = _CONTROL + " SKIP LOCKED"
+
+    def start(self, cursor: Any, *, relaxed: bool = False) -> None:
+        """``BEGIN``; relaxed, with ``SET LOCAL synchronous_commit TO OFF`` in
+        the same round trip (two statements in one simple query)."""
+        sql = "BEGIN; SET LOCAL synchronous_commit TO OFF" if relaxed else "BEGIN"
+        cursor.execute(sql, prepare=False)
 
     def control(self, run: Run, queue_id: int, *, wait: bool = True) -> Sequence[Any] | None:
         sql = self._CONTROL if wait else self._CONTROL_NOWAIT

@@ -36,11 +36,13 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, assert_never
 
+import psycopg
+
 from gateway.core.errors import ProtocolError, Unavailable
 from gateway.core.leases import DEFAULT_QUEUE_SETTINGS, Clock, QueueSettings
 from gateway.store import enqueue as enqueueing
 from gateway.store import leasing, operator, staging, tasks
-from gateway.store.dialects import POSTGRESQL, Dialect
+from gateway.store.dialects import POSTGRESQL, Dialect, Statement
 from gateway.store.groups import settle
 from gateway.store.ops import (
     AbortTxn,
@@ -127,6 +129,8 @@ class Store:
         #: counter, label): read by the committer, which hands it to the
         #: runtime's metrics (the dashboard's per-process rates)
         self.counted: dict[tuple[str, str, str], int] = {}
+        #: renders the commit's statements with their values (:meth:`_commit_with`)
+        self._literals: Any = None
 
     # -- plumbing
 
@@ -139,33 +143,44 @@ class Store:
                 self._conn = None
 
     @contextmanager
-    def transaction(self) -> Iterator[Txn]:
+    def transaction(self, *, relaxed: bool = False) -> Iterator[Txn]:
         """One transaction: committed if the block ends normally, else rolled back.
 
         Groups noted as unsettled are settled before the commit, and on
         PostgreSQL the woken queues are announced with ``NOTIFY``, which
         listeners receive on commit and only then.
+
+        Args:
+            relaxed: on PostgreSQL the commit does not wait for the log's
+                flush (``synchronous_commit`` off): for transactions whose
+                loss in a crash loses nothing confirmed.
         """
-        cur = self._begin()
+        cur = self._begin(relaxed)
         txn = Txn(cur, self.dialect, self._clock(), self._queues)
         wakes = txn.woken = _Wakes()
         try:
             yield txn
             settle(txn)
-            counted = txn.write_counts(self._counter_shard)
+            counts, counted = txn.counts_statement(self._counter_shard)
+            tail = [counts] if counts is not None else []
             if self._announce_as is not None:
-                for queue in sorted(txn.woken):
-                    txn.exec(
-                        "SELECT pg_notify(%s, %s)",
-                        (NOTIFY_CHANNEL, f"{self._announce_as} {queue}"),
-                    )
+                tail += [
+                    ("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, f"{self._announce_as} {queue}"))
+                    for queue in sorted(txn.woken)
+                ]
+            if self.dialect is POSTGRESQL:
+                self._commit_with(cur, tail)
+            else:
+                for statement in tail:
+                    txn.exec(*statement)
         except BaseException:
             try:
                 cur.execute("ROLLBACK")
             except Exception:  # the connection itself may be gone
                 self.close()
             raise
-        cur.execute("COMMIT")
+        if self.dialect is not POSTGRESQL:
+            cur.execute("COMMIT")
         # A later transaction's wake undoes an earlier one's lease round; a
         # savepoint rolled back replaces the set, and then nothing is known.
         self.caught_up -= txn.woken
@@ -175,7 +190,27 @@ class Store:
         for key, n in counted.items():
             self.counted[key] = self.counted.get(key, 0) + n
 
-    def _begin(self) -> Any:
+    def _commit_with(self, cur: Any, tail: list[Statement]) -> None:
+        """Run ``tail`` (statements whose results nobody reads) and ``COMMIT`` in
+        one round trip: one simple query, each statement's values written into
+        its text by the driver (``ClientCursor.mogrify``, which quotes them).
+
+        The counters' upsert and the notifications end every transaction, and
+        each was a round trip of its own before the commit's: on this
+        machine about 0.15 ms apiece, on a store thread that runs one
+        transaction at a time. If one fails, PostgreSQL skips the rest, the
+        ``COMMIT`` with them, and the caller rolls back.
+        """
+        if not tail:
+            cur.execute("COMMIT", prepare=False)
+            return
+        if self._literals is None or self._literals.connection is not cur.connection:
+            self._literals = psycopg.ClientCursor(cur.connection)
+        mogrify = self._literals.mogrify
+        text = ";\n".join([mogrify(sql, params) for sql, params in tail])
+        cur.execute(f"{text};\nCOMMIT", prepare=False)
+
+    def _begin(self, relaxed: bool = False) -> Any:
         """A cursor inside ``BEGIN``, on a fresh connection if the old one is dead.
 
         A PostgreSQL connection the server closed while it was idle (a restart,
@@ -191,7 +226,7 @@ class Store:
                     raise _Unreachable(f"{type(exc).__name__}: {exc}") from exc
             cur = self._conn.cursor()
             try:
-                self.dialect.start(cur)
+                self.dialect.start(cur, relaxed=relaxed)
                 return cur
             except Exception as exc:
                 self.close()
@@ -261,12 +296,11 @@ class Store:
 
     def _run_batch(self, ops: Sequence[Op]) -> list[Result]:
         results: list[Result] = [None] * len(ops)
-        with self.transaction() as txn:
-            if self.dialect is POSTGRESQL and all(isinstance(op, Lease | Release) for op in ops):
-                # Losing a lease round in a crash loses nothing: the messages
-                # are simply visible again (at-least-once). So these commits
-                # need not wait for the WAL flush; every confirmed write does.
-                txn.exec("SET LOCAL synchronous_commit TO OFF")
+        # Losing a lease round in a crash loses nothing: the messages are
+        # simply visible again (at-least-once). So these commits need not wait
+        # for the WAL flush; every confirmed write does.
+        relaxed = all(isinstance(op, Lease | Release) for op in ops)
+        with self.transaction(relaxed=relaxed) as txn:
             i = 0
             while i < len(ops):
                 # Runs of plain enqueues and plain acks share one statement.

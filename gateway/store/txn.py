@@ -18,7 +18,7 @@ from typing import Any
 
 from gateway.core.errors import NotFound, ProtocolError
 from gateway.core.leases import QueueSettings
-from gateway.store.dialects import Dialect
+from gateway.store.dialects import Dialect, Statement
 
 #: The rows of ``leasecast_queue_counter`` a counter is spread over. A
 #: gateway's store adds to row :data:`COUNTER_SHARD`: processes on different
@@ -277,17 +277,29 @@ class Txn:
         """Add :attr:`counts` to ``leasecast_queue_counter`` (row ``shard`` of each
         counter); returns them by queue name, for this process's dashboard.
 
-        One statement per transaction, its rows in key order: transactions of
-        two processes never wait on each other's rows in opposite orders.
         Called last before the commit, so a counter row stays locked briefly.
         """
+        statement, named = self.counts_statement(shard)
+        if statement is not None:
+            self.exec(*statement)
+        return named
+
+    def counts_statement(
+        self, shard: int
+    ) -> tuple[Statement | None, dict[tuple[str, str, str], int]]:
+        """:meth:`write_counts`'s statement (None if nothing was counted), not run,
+        and the counts by queue name; :attr:`counts` starts again from nothing.
+
+        One statement per transaction, its rows in key order: transactions of
+        two processes never wait on each other's rows in opposite orders.
+        """
         if not self.counts:
-            return {}
+            return None, {}
         keys = sorted(self.counts)
         params: list[Any] = []
         for queue_id, name, label in keys:
             params += [queue_id, name, label, shard, self.counts[(queue_id, name, label)]]
-        self.exec(
+        statement = (
             "INSERT INTO leasecast_queue_counter (queue_id, name, label, shard, value) VALUES "
             + ",".join(["(%s, %s, %s, %s, %s)"] * len(keys))
             + " ON CONFLICT (queue_id, name, label, shard) DO UPDATE "
@@ -299,7 +311,7 @@ class Txn:
             for (queue_id, name, label), n in self.counts.items()
         }
         self.counts = {}
-        return named
+        return statement, named
 
     @contextmanager
     def savepoint(

@@ -78,8 +78,8 @@ class PausingStore(Store):
         self.armed = True
 
     @contextmanager
-    def transaction(self) -> Iterator[Txn]:
-        with super().transaction() as txn:
+    def transaction(self, *, relaxed: bool = False) -> Iterator[Txn]:
+        with super().transaction(relaxed=relaxed) as txn:
             yield txn
             if self.armed:
                 self.armed = False  # a retry of a failed batch runs through

@@ -42,9 +42,9 @@ class CountingStore(Store):
         self.transactions = 0
 
     @contextmanager
-    def transaction(self) -> Iterator[Txn]:
+    def transaction(self, *, relaxed: bool = False) -> Iterator[Txn]:
         self.transactions += 1
-        with super().transaction() as txn:
+        with super().transaction(relaxed=relaxed) as txn:
             yield txn
 
 
