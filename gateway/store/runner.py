@@ -129,8 +129,6 @@ class Store:
         #: counter, label): read by the committer, which hands it to the
         #: runtime's metrics (the dashboard's per-process rates)
         self.counted: dict[tuple[str, str, str], int] = {}
-        #: renders the commit's statements with their values (:meth:`_commit_with`)
-        self._literals: Any = None
 
     # -- plumbing
 
@@ -169,18 +167,17 @@ class Store:
                     for queue in sorted(txn.woken)
                 ]
             if self.dialect is POSTGRESQL:
-                self._commit_with(cur, tail)
-            else:
+                _commit_with(cur, tail)
+            else:  # calls into this process, no round trips to save
                 for statement in tail:
                     txn.exec(*statement)
+                cur.execute("COMMIT")
         except BaseException:
             try:
                 cur.execute("ROLLBACK")
             except Exception:  # the connection itself may be gone
                 self.close()
             raise
-        if self.dialect is not POSTGRESQL:
-            cur.execute("COMMIT")
         # A later transaction's wake undoes an earlier one's lease round; a
         # savepoint rolled back replaces the set, and then nothing is known.
         self.caught_up -= txn.woken
@@ -189,26 +186,6 @@ class Store:
         self.woken |= txn.woken
         for key, n in counted.items():
             self.counted[key] = self.counted.get(key, 0) + n
-
-    def _commit_with(self, cur: Any, tail: list[Statement]) -> None:
-        """Run ``tail`` (statements whose results nobody reads) and ``COMMIT`` in
-        one round trip: one simple query, each statement's values written into
-        its text by the driver (``ClientCursor.mogrify``, which quotes them).
-
-        The counters' upsert and the notifications end every transaction, and
-        each was a round trip of its own before the commit's: on this
-        machine about 0.15 ms apiece, on a store thread that runs one
-        transaction at a time. If one fails, PostgreSQL skips the rest, the
-        ``COMMIT`` with them, and the caller rolls back.
-        """
-        if not tail:
-            cur.execute("COMMIT", prepare=False)
-            return
-        if self._literals is None or self._literals.connection is not cur.connection:
-            self._literals = psycopg.ClientCursor(cur.connection)
-        mogrify = self._literals.mogrify
-        text = ";\n".join([mogrify(sql, params) for sql, params in tail])
-        cur.execute(f"{text};\nCOMMIT", prepare=False)
 
     def _begin(self, relaxed: bool = False) -> Any:
         """A cursor inside ``BEGIN``, on a fresh connection if the old one is dead.
@@ -356,6 +333,25 @@ class Store:
                 "DELETE FROM leasecast_dedup WHERE expires_at <= %s", (txn.now,)
             ).rowcount
         return deleted
+
+
+def _commit_with(cur: Any, tail: list[Statement]) -> None:
+    """Run ``tail`` (statements whose results nobody reads) and ``COMMIT`` in
+    one round trip: one simple query, each statement's values written into
+    its text by the driver (``ClientCursor.mogrify``, which quotes them).
+
+    The counters' upsert and the notifications end every transaction, and
+    each was a round trip of its own before the commit's: on the benchmark
+    machine about 0.15 ms apiece, on a store thread that runs one
+    transaction at a time. If one fails, PostgreSQL skips the rest, the
+    ``COMMIT`` with them, and the caller rolls back.
+    """
+    if not tail:
+        cur.execute("COMMIT", prepare=False)
+        return
+    mogrify = psycopg.ClientCursor(cur.connection).mogrify
+    text = ";\n".join([mogrify(sql, params) for sql, params in tail])
+    cur.execute(f"{text};\nCOMMIT", prepare=False)
 
 
 class _Wakes(set[str]):
