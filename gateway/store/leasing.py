@@ -211,6 +211,9 @@ def _lease_into(
             )
             dead_letter_ids(txn, dead, "max_deliveries")
             result.dead_lettered += len(dead)
+            # The statement read the earliest ttl before these lost theirs:
+            # its reading no longer holds, and lease() reads afresh.
+            after = None
         if rows:
             txn.leased(q.id, [row[0] for row in rows])
         asked, wanted = wanted, wanted - (len(rows) - len(dead))

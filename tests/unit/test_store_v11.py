@@ -392,6 +392,19 @@ def test_next_due_counts_the_leases_the_round_made(
     assert names(got.delivered) == ["c"] and got.next_due == clock.now + 3  # d comes due
 
 
+def test_a_round_that_dead_letters_its_last_ttl_message_has_nothing_due(
+    store: Store, queue: str, clock: FakeClock
+) -> None:
+    # Found by test_properties_queue: the lease statement's reading of the
+    # earliest ttl came before max_deliveries dead-lettered the message.
+    put(store, queue, msg("a", ttl=50))
+    for _ in range(3):  # the store's max_deliveries
+        (a,) = take(store, queue)
+        one(store, Nack(queue, a.receipt))
+    got = lease(store, queue)
+    assert (got.delivered, got.dead_lettered, got.next_due) == ([], 1, None)
+
+
 def test_a_message_past_its_ttl_is_never_leased_before_a_sweep_finds_it(
     database: tuple[str, Any], store: Store, queue: str, clock: FakeClock
 ) -> None:
