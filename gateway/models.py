@@ -258,10 +258,15 @@ class Token(models.Model):
         return self.name
 
     @classmethod
-    def issue(cls, name: str, scopes: list[str], **extra: Any) -> tuple[Token, str]:
-        """Create a token; returns the row and the secret, which is shown only once."""
+    def issue(
+        cls, name: str, scopes: list[str], *, using: str | None = None, **extra: Any
+    ) -> tuple[Token, str]:
+        """Create a token (on the database alias ``using``, else the default);
+        returns the row and the secret, which is shown only once."""
         secret = "lc_" + secrets.token_urlsafe(32)
-        token = cls.objects.create(name=name, token_hash=hash_token(secret), scopes=scopes, **extra)
+        token = cls.objects.db_manager(using).create(
+            name=name, token_hash=hash_token(secret), scopes=scopes, **extra
+        )
         return token, secret
 
 

@@ -8,14 +8,19 @@ PostgreSQL tests run when the server at 127.0.0.1:5432 answers (or
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "PG_ADMIN_URL",
@@ -70,27 +75,122 @@ def base_env(var_dir: Path) -> dict[str, str]:
     return env
 
 
+def schema_key() -> str:
+    """What a migrated database's schema depends on: the installed Django
+    (whose own apps bring theirs) and the migrations, as ``d52_`` and 12 hex
+    digits for Django 5.2.x."""
+    import django
+
+    digest = hashlib.sha256(django.__version__.encode())
+    for path in sorted((ROOT / "gateway" / "migrations").glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return f"d{django.VERSION[0]}{django.VERSION[1]}_{digest.hexdigest()[:12]}"
+
+
+def _sqlite_template() -> Path:
+    """A SQLite file that ``manage.py migrate`` made, shared by every test process.
+
+    Migrating costs a Django process (about 2 s of CPU); copying the file
+    costs nothing. The file is named for :func:`schema_key`, so a changed
+    migration makes a new one; parallel workers that miss it at once each
+    migrate a file of their own and move it into place (the same content).
+    """
+    folder = Path(tempfile.gettempdir()) / f"leasecast-test-schema-{os.getuid()}"
+    folder.mkdir(exist_ok=True)
+    template = folder / f"{schema_key()}.sqlite3"
+    if not template.exists():
+        work = Path(tempfile.mkdtemp(prefix="migrate-", dir=folder))
+        env = base_env(work)
+        env["GATEWAY_SQLITE_PATH"] = str(work / "leasecast.sqlite3")
+        manage(env, "migrate", "--noinput", "-v0")
+        # One self-contained file (the write-ahead log folded in), moved into
+        # place whole by a rename: a reader never sees half of it.
+        with closing(sqlite3.connect(work / "leasecast.sqlite3")) as conn:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        os.replace(work / "leasecast.sqlite3", template)
+        shutil.rmtree(work, ignore_errors=True)
+    return template
+
+
 @contextmanager
 def sqlite_database(var_dir: Path) -> Iterator[dict[str, str]]:
-    """A migrated SQLite database; yields the environment that selects it."""
+    """A migrated SQLite database (a copy of :func:`_sqlite_template`); yields
+    the environment that selects it."""
     env = base_env(var_dir)
     env["GATEWAY_SQLITE_PATH"] = str(var_dir / "leasecast.sqlite3")
-    manage(env, "migrate", "--noinput", "-v0")
+    shutil.copyfile(_sqlite_template(), env["GATEWAY_SQLITE_PATH"])
     yield env
+
+
+def _postgres_template(admin: Any) -> str:
+    """The name of a migrated PostgreSQL database to copy (``CREATE DATABASE ...
+    TEMPLATE``), made once per :func:`schema_key` and kept on the server.
+
+    Made under another name and renamed when done, so no copy is taken of a
+    half-migrated one; a worker that loses the race drops its own. The
+    templates of other schemas on the same Django release are dropped then (a
+    run of an older tree that still needs one makes it again); the Django 6
+    tests keep theirs beside.
+    """
+    name = f"leasecast_schema_{schema_key()}"
+    if _exists(admin, name):
+        return name
+    work = f"leasecast_migrating_{uuid.uuid4().hex[:12]}"
+    admin.execute(f'CREATE DATABASE "{work}"')
+    try:
+        env = base_env(Path(tempfile.mkdtemp(prefix="leasecast-migrate-")))
+        env["DATABASE_URL"] = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + work
+        manage(env, "migrate", "--noinput", "-v0")
+        _while_in_use(lambda: admin.execute(f'ALTER DATABASE "{work}" RENAME TO "{name}"'))
+    except Exception:
+        admin.execute(f'DROP DATABASE IF EXISTS "{work}" WITH (FORCE)')
+        if not _exists(admin, name):
+            raise
+        return name
+    release = name.rsplit("_", 1)[0].replace("_", "\\_")  # leasecast_schema_d52
+    old = admin.execute(
+        "SELECT datname FROM pg_database WHERE datname LIKE %s AND datname <> %s",
+        (release + "\\_%", name),
+    ).fetchall()
+    for (other,) in old:
+        with suppress(Exception):  # in use by a run of another tree: it stays
+            admin.execute(f'DROP DATABASE IF EXISTS "{other}"')
+    return name
+
+
+def _exists(admin: Any, name: str) -> bool:
+    return bool(admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone())
+
+
+def _while_in_use(step: Callable[[], Any], tries: int = 100) -> None:
+    """``step``, again while PostgreSQL says another session uses its database:
+    a backend whose client just left takes a moment to exit, and one copy of
+    a template is made at a time."""
+    import psycopg
+
+    for attempt in range(tries):
+        try:
+            step()
+            return
+        except psycopg.errors.ObjectInUse:
+            if attempt == tries - 1:
+                raise
+            time.sleep(0.1)
 
 
 @contextmanager
 def postgres_database(var_dir: Path) -> Iterator[dict[str, str]]:
-    """A fresh, migrated PostgreSQL database, dropped afterwards."""
+    """A fresh, migrated PostgreSQL database (a copy of :func:`_postgres_template`),
+    dropped afterwards."""
     import psycopg
 
     name = f"leasecast_test_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+        template = _postgres_template(conn)
+        _while_in_use(lambda: conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
     env = base_env(var_dir)
     env["DATABASE_URL"] = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
     try:
-        manage(env, "migrate", "--noinput", "-v0")
         yield env
     finally:
         with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
