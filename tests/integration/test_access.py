@@ -63,33 +63,26 @@ GOOD_KEY = "k3Y-" + "x7Qp9LmZ2vRt8WbN4sJd6HfYc1GkPa5EoUiTnSrQwXyVbMlKjHg"  # 55 
 
 def create_users(gw: GatewayProcess) -> None:
     """A superuser, and a staff user who is demoted once logged in (its session stays)."""
-    gw.manage(
-        "shell",
-        "-c",
-        "from django.contrib.auth.models import User;"
-        f"User.objects.create_superuser({STAFF!r}, 'ops@example.com', {PASSWORD!r});"
-        f"User.objects.create_user({DEMOTED!r}, 'd@example.com', {PASSWORD!r}, is_staff=True)",
-    )
+    from django.contrib.auth.models import User
+
+    def create(db: str) -> None:
+        User.objects.db_manager(db).create_superuser(STAFF, "ops@example.com", PASSWORD)
+        User.objects.db_manager(db).create_user(DEMOTED, "d@example.com", PASSWORD, is_staff=True)
+
+    gw.on_database(create)
 
 
 def demote(gw: GatewayProcess) -> None:
-    gw.manage(
-        "shell",
-        "-c",
-        "from django.contrib.auth.models import User;"
-        f"User.objects.filter(username={DEMOTED!r}).update(is_staff=False)",
+    from django.contrib.auth.models import User
+
+    gw.on_database(
+        lambda db: User.objects.using(db).filter(username=DEMOTED).update(is_staff=False)
     )
 
 
 def issue_tokens(gw: GatewayProcess, wanted: dict[str, list[str]]) -> dict[str, str]:
-    """Many tokens in one ``manage.py`` run (each one in its own is seconds of start-up)."""
-    script = (
-        "import json, sys; from gateway.models import Token; "
-        f"wanted = json.loads({json.dumps(json.dumps(wanted))}); "
-        "print(json.dumps({n: Token.issue(n, s)[1] for n, s in wanted.items()}))"
-    )
-    issued: dict[str, str] = json.loads(gw.manage("shell", "-c", script).strip().splitlines()[-1])
-    return issued
+    """Tokens named and scoped as ``wanted``: name -> secret."""
+    return {name: gw.issue_token(*scopes, name=name) for name, scopes in wanted.items()}
 
 
 async def handshake_status(url: str, **caller: Any) -> int:
@@ -263,12 +256,13 @@ def test_the_walk_finds_every_kind_of_route() -> None:
 def test_every_url_refuses_callers_without_a_token_or_staff_session(
     site: GatewayProcess, admin: str, demoted: Client
 ) -> None:
+    from django.utils import timezone
+
+    from gateway.models import Token
+
     revoked = site.issue_token("admin", name="revoked")
-    site.manage(
-        "shell",
-        "-c",
-        "from django.utils import timezone; from gateway.models import Token;"
-        "Token.objects.filter(name='revoked').update(revoked_at=timezone.now())",
+    site.on_database(
+        lambda db: Token.objects.using(db).filter(name="revoked").update(revoked_at=timezone.now())
     )
     callers: list[tuple[str, Client, dict[str, str]]] = [
         ("anonymous", Client(site.http), {}),
@@ -762,11 +756,12 @@ async def test_the_database_holds_no_plaintext_token(
     found = re.search(r"admin token:\s+(\S+)", boot)
     assert found, boot
     secrets["bootstrap_dev"] = found.group(1)
-    gateway.manage(
-        "shell",
-        "-c",
-        "from django.contrib.auth.models import User;"
-        f"User.objects.create_superuser('hashcheck', 'h@example.com', {PASSWORD!r})",
+    from django.contrib.auth.models import User
+
+    gateway.on_database(
+        lambda db: User.objects.db_manager(db).create_superuser(
+            "hashcheck", "h@example.com", PASSWORD
+        )
     )
     staff = Client(gateway.http)
     staff.login("hashcheck")

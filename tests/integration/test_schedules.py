@@ -267,12 +267,9 @@ def _label(t: float) -> str:
 def _fired_directly(gw: GatewayProcess, name: str, n: int) -> bool:
     """Whether schedule ``name`` fired ``n`` times, read from the database (``gw`` is
     sent no request)."""
-    out = gw.manage(
-        "shell",
-        "-c",
-        f"from gateway.models import Schedule; print(Schedule.objects.get(name={name!r}).fired)",
-    )
-    return int(out.strip().splitlines()[-1]) >= n
+    from gateway.models import Schedule
+
+    return gw.on_database(lambda db: Schedule.objects.using(db).get(name=name).fired) >= n
 
 
 def _task_result(gw: GatewayProcess, result_id: str) -> list[str]:

@@ -22,15 +22,18 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing, contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from tests.support.databases import ROOT, django_alias, manage, sqlite_database
 from tests.support.waiting import WAIT_TIMEOUT
+
+T = TypeVar("T")
 
 __all__ = [
     "DAPHNE",
@@ -249,6 +252,11 @@ class GatewayProcess:
         """``manage.py`` against this gateway's database."""
         return manage(self.env, *args)
 
+    def on_database(self, work: Callable[[str], T]) -> T:
+        """``work(alias)`` on this gateway's database, from the test process
+        (:func:`on_database`)."""
+        return on_database(self.env, work)
+
     def issue_token(self, *scopes: str, name: str = "test") -> str:
         """A token with ``scopes``, as ``manage.py issue_token`` issues it.
 
@@ -273,26 +281,34 @@ class GatewayProcess:
         return self.log_path.read_text(errors="replace")
 
 
-def issue_token_here(env: dict[str, str], scopes: list[str], name: str) -> str:
-    """A token with ``scopes`` in the database ``env`` selects, written by
-    this process: what ``manage.py issue_token`` does (``Token.issue``),
+def on_database(env: dict[str, str], work: Callable[[str], T]) -> T:
+    """``work(alias)`` with a Django connection alias of this test process on
+    the database ``env`` selects: what a ``manage.py shell -c`` would do,
     without starting a Django process for it (about 1.5 s of CPU each).
 
     On a thread of its own, as the ORM must be: a caller may be a coroutine.
-    ``test_access.py`` and the docs' command tests run the command itself.
+    """
+
+    def run() -> T:
+        with django_alias(env, "direct") as alias:
+            return work(alias)
+
+    with ThreadPoolExecutor(1) as thread:
+        return thread.submit(run).result()
+
+
+def issue_token_here(env: dict[str, str], scopes: list[str], name: str) -> str:
+    """A token with ``scopes`` in the database ``env`` selects, written by
+    this process (:func:`on_database`) as ``manage.py issue_token`` writes
+    it (``Token.issue``). ``test_access.py`` and the docs' command tests run
+    the command itself.
     """
     from gateway.core.scopes import parse_scope
     from gateway.models import Token
 
     for scope in scopes:
         parse_scope(scope)
-
-    def issue() -> str:
-        with django_alias(env, "tokens") as alias:
-            return Token.issue(name, scopes, using=alias)[1]
-
-    with ThreadPoolExecutor(1) as thread:
-        return thread.submit(issue).result()
+    return on_database(env, lambda alias: Token.issue(name, scopes, using=alias)[1])
 
 
 @contextmanager
