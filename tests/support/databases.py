@@ -76,13 +76,16 @@ def base_env(var_dir: Path) -> dict[str, str]:
 
 
 def schema_key() -> str:
-    """What a migrated database's schema depends on: the installed Django
-    (whose own apps bring theirs) and the migrations, as ``d52_`` and 12 hex
-    digits for Django 5.2.x."""
+    """What a migrated database's schema depends on, as ``d52_`` and 12 hex
+    digits for Django 5.2.x: the installed Django (whose own apps bring
+    their migrations), the settings (``INSTALLED_APPS``) and the project's
+    migrations."""
     import django
 
     digest = hashlib.sha256(django.__version__.encode())
-    for path in sorted((ROOT / "gateway" / "migrations").glob("*.py")):
+    files = [ROOT / "gateway" / "site" / "settings.py"]
+    files += sorted((ROOT / "gateway" / "migrations").glob("*.py"))
+    for path in files:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return f"d{django.VERSION[0]}{django.VERSION[1]}_{digest.hexdigest()[:12]}"
 
