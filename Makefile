@@ -114,6 +114,12 @@ balancer:
 ## machine's PostgreSQL and Redis, or need a quiet machine) run alone afterwards.
 ## Each run prints its ten slowest tests.
 TEST_WORKERS ?= 4
+# The tests cache compiled modules (__pycache__/, ignored by git) even where the
+# environment asks Python not to (PYTHONDONTWRITEBYTECODE): the suite starts
+# hundreds of gateways, workers and commands, and each would otherwise compile
+# the project's modules afresh (about 0.1 s of CPU a start; pytest's rewritten
+# test modules too, in every parallel worker).
+test unit integration test-django6: export PYTHONDONTWRITEBYTECODE =
 test: browser balancer
 	$(MAKE) --no-print-directory -j2 --output-sync=target lint typecheck django6-env
 	$(BIN)/pytest -q --durations=10 -n $(TEST_WORKERS) --dist loadgroup -m "not serial"

@@ -22,7 +22,6 @@ from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, closing, contextmanager
 from typing import Any
 
-import psycopg
 from django.db import connections, transaction
 
 from gateway.core.protocol import EnqueueSpec
@@ -161,6 +160,11 @@ def _binding_cursor(connection: Any) -> Any:
     # As Django's own cursor() does (its CONN_HEALTH_CHECKS).
     connection.close_if_health_check_failed()
     connection.ensure_connection()
+    if connection.vendor != "postgresql":
+        return connection.cursor()
+    # Imported here, not at the top: a project on SQLite never loads the driver.
+    import psycopg
+
     raw = connection.connection
     if not isinstance(raw, psycopg.Connection):  # another driver: Django's own cursor
         return connection.cursor()
