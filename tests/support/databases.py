@@ -97,10 +97,13 @@ def _sqlite_template() -> Path:
     costs nothing. The file is named for :func:`schema_key`, so a changed
     migration makes a new one; parallel workers that miss it at once each
     migrate a file of their own and move it into place (the same content).
+    The files of other schemas on the same Django release are deleted then,
+    as the PostgreSQL templates are (:func:`_postgres_template`).
     """
     folder = Path(tempfile.gettempdir()) / f"leasecast-test-schema-{os.getuid()}"
     folder.mkdir(exist_ok=True)
-    template = folder / f"{schema_key()}.sqlite3"
+    key = schema_key()
+    template = folder / f"{key}.sqlite3"
     if not template.exists():
         work = Path(tempfile.mkdtemp(prefix="migrate-", dir=folder))
         env = base_env(work)
@@ -112,6 +115,10 @@ def _sqlite_template() -> Path:
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         os.replace(work / "leasecast.sqlite3", template)
         shutil.rmtree(work, ignore_errors=True)
+        release = key.split("_", 1)[0]
+        for older in folder.glob(f"{release}_*.sqlite3"):
+            if older != template:
+                older.unlink(missing_ok=True)
     return template
 
 
@@ -121,7 +128,11 @@ def sqlite_database(var_dir: Path) -> Iterator[dict[str, str]]:
     the environment that selects it."""
     env = base_env(var_dir)
     env["GATEWAY_SQLITE_PATH"] = str(var_dir / "leasecast.sqlite3")
-    shutil.copyfile(_sqlite_template(), env["GATEWAY_SQLITE_PATH"])
+    try:
+        shutil.copyfile(_sqlite_template(), env["GATEWAY_SQLITE_PATH"])
+    except FileNotFoundError:
+        # A run of another tree replaced the template just then: make it again.
+        shutil.copyfile(_sqlite_template(), env["GATEWAY_SQLITE_PATH"])
     yield env
 
 
