@@ -26,4 +26,3 @@ def test_both_frame_modules_get_plain_helpers(restored: None) -> None:
     method = test_both_frame_modules_get_plain_helpers
     assert protocol.hltype(method) is method
     assert protocol.hlval(42, color="blue", bold=False) == 42
-
