@@ -202,6 +202,49 @@ def test_the_enqueue_shows_in_djangos_query_log(gateway: GatewayProcess, alias: 
             assert len(logged) > 3, logged  # the general path's statements
 
 
+def test_the_enqueue_goes_through_djangos_execute_wrappers_without_query_logging(
+    gateway: GatewayProcess, alias: str
+) -> None:
+    """With Django's query log off (``DEBUG`` off: SQLite then gets ``?``
+    placeholders on the driver's own cursor), ``connection.execute_wrapper``
+    hooks still see every statement of an enqueue, and a database error
+    still arrives as Django's class."""
+    from django.db import DatabaseError
+
+    q = unique("tx-wrapped")
+
+    def enqueue_wrapped(fail: bool) -> tuple[bool, list[str]]:
+        connection = connections[alias]  # the database thread's
+        seen: list[str] = []
+
+        def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+            seen.append(sql)
+            if fail and "INSERT INTO leasecast_message" in sql:
+                raise DatabaseError("refused by the test's wrapper")
+            return execute(sql, params, many, context)
+
+        assert not connection.queries_logged
+        with connection.execute_wrapper(wrapper):
+            try:
+                leasecast.enqueue(q, "wrapped", using=alias)
+            except DatabaseError:
+                return True, seen
+        return False, seen
+
+    refused, seen = _DB.submit(enqueue_wrapped, False).result()
+    assert not refused
+    assert any("INSERT INTO leasecast_message" in sql for sql in seen), seen
+    before = _DB.submit(lambda: Message.objects.using(alias).filter(queue__name=q).count()).result()
+    refused, seen = _DB.submit(enqueue_wrapped, True).result()
+    assert refused, seen
+    # The failed enqueue wrote nothing.
+    assert (
+        _DB.submit(lambda: Message.objects.using(alias).filter(queue__name=q).count()).result()
+        == before
+        == 1
+    )
+
+
 def test_an_enqueue_takes_a_held_write_lock_in_short_steps(
     gateway: GatewayProcess, alias: str, database_env: tuple[dict[str, str], Path]
 ) -> None:
