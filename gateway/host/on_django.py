@@ -101,7 +101,9 @@ def _store_cursor(connection: Any) -> Iterator[tuple[Any, Dialect]]:
     connection.close_if_health_check_failed()
     connection.ensure_connection()
     connection.validate_thread_sharing()
-    with connection.make_cursor(connection.connection.cursor()) as cursor:
+    with connection.wrap_database_errors:
+        raw = connection.connection.cursor()
+    with connection.make_cursor(raw) as cursor:
         yield cursor, SQLITE
 
 
