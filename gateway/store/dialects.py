@@ -352,8 +352,11 @@ class _SqliteThroughDjango(_Sqlite):
     itself; with ``DEBUG`` on, its debug wrapper also renders each statement
     with ``%`` for ``connection.queries``, which fails on ``?``. So the
     statements go to it as written, and Django's logging, its
-    ``execute_wrapper`` hooks and its error classes all see them. The
-    gateway's own store keeps :data:`SQLITE` on a plain ``sqlite3`` cursor.
+    ``execute_wrapper`` hooks and its error classes all see them. Used while
+    Django logs the queries; otherwise ``gateway.host.on_django`` gives
+    :data:`SQLITE` to Django's wrapper of the driver's cursor (no rewrite per
+    statement). The gateway's own store keeps :data:`SQLITE` on a plain
+    ``sqlite3`` cursor.
     """
 
     placeholder = "%s"
