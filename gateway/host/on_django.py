@@ -18,7 +18,7 @@ single message without a key or group goes as one statement
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, closing, contextmanager
 from typing import Any
 
@@ -97,13 +97,7 @@ def _store_cursor(connection: Any) -> Iterator[tuple[Any, Dialect]]:
         with connection.cursor() as cursor:
             yield cursor, SQLITE_THROUGH_DJANGO
         return
-    # What connection.cursor() does, with the driver's own cursor class.
-    connection.close_if_health_check_failed()
-    connection.ensure_connection()
-    connection.validate_thread_sharing()
-    with connection.wrap_database_errors:
-        raw = connection.connection.cursor()
-    with connection.make_cursor(raw) as cursor:
+    with _wrapped(connection, lambda raw: raw.cursor()) as cursor:
         yield cursor, SQLITE
 
 
@@ -192,22 +186,31 @@ def _binding_cursor(connection: Any) -> Any:
     per statement (a text full of literals to parse and plan) than with
     parameters.
     """
-    # As Django's own cursor() does (its CONN_HEALTH_CHECKS).
-    connection.close_if_health_check_failed()
-    connection.ensure_connection()
     if connection.vendor != "postgresql":
         return connection.cursor()
     # Imported here, not at the top: a project on SQLite never loads the driver.
     import psycopg
 
-    raw = connection.connection
-    if not isinstance(raw, psycopg.Connection):  # another driver: Django's own cursor
-        return connection.cursor()
+    connection.close_if_health_check_failed()  # before connecting, as cursor() does
+    connection.ensure_connection()
+    if not isinstance(connection.connection, psycopg.Connection):
+        return connection.cursor()  # another driver: Django's own cursor
+    return _wrapped(connection, psycopg.Cursor)
+
+
+def _wrapped(connection: Any, make: Callable[[Any], Any]) -> Any:
+    """``make(driver_connection)``, a cursor of the driver's, wrapped as
+    Django's ``connection.cursor()`` wraps its own: health check, thread
+    check, Django's error classes, and its debug wrapper while it logs the
+    queries (``connection.queries``) or its plain one (execute wrappers)."""
+    connection.close_if_health_check_failed()  # CONN_HEALTH_CHECKS
+    connection.ensure_connection()
     connection.validate_thread_sharing()
-    cursor = psycopg.Cursor(raw)
+    with connection.wrap_database_errors:
+        raw = make(connection.connection)
     if connection.queries_logged:
-        return connection.make_debug_cursor(cursor)
-    return connection.make_cursor(cursor)
+        return connection.make_debug_cursor(raw)
+    return connection.make_cursor(raw)
 
 
 def _announce(

@@ -22,6 +22,8 @@ __all__ = ["plain_debug_arguments"]
 
 #: autobahn's modules on the frame path that import ``hltype``/``hlval`` by name.
 FRAME_MODULES = ("autobahn.websocket.protocol", "autobahn.twisted.websocket")
+#: The colouring helpers swapped in each of them.
+HELPERS = ("hltype", "hlval")
 
 
 def _as_is(value: Any, *args: Any, **kwargs: Any) -> Any:
@@ -42,7 +44,7 @@ def plain_debug_arguments() -> list[str]:
             module = importlib.import_module(name)
         except ImportError:
             continue
-        for helper in ("hltype", "hlval"):
+        for helper in HELPERS:
             if callable(getattr(module, helper, None)):
                 setattr(module, helper, _as_is)
                 if name not in changed:

@@ -14,7 +14,7 @@ def restored(monkeypatch: pytest.MonkeyPatch) -> None:
     """Put the helpers back after the test (this process's autobahn is shared)."""
     for name in autobahn_logs.FRAME_MODULES:
         module = importlib.import_module(name)
-        for helper in ("hltype", "hlval"):
+        for helper in autobahn_logs.HELPERS:
             monkeypatch.setattr(module, helper, getattr(module, helper))
 
 
