@@ -163,8 +163,24 @@ async def test_priority_never_puts_the_heavier_subscriber_behind(
     backpressure reaches the buffers (design decision 14), a socket whose client
     reads no faster than the other's gets no more. Either way the heavier one
     is never behind, and both get everything."""
-    topic = unique("t")
     n = 150_000
+    ratios: list[float] = []
+    # A fast machine can drain both before the first /api/stats sample
+    # answers: then the drain is run again on a fresh topic (at most thrice).
+    for _ in range(3):
+        ratios += await _delivered_ratios_mid_drain(hub, token, n)
+        if ratios:
+            break
+    assert ratios, "never caught the sender mid-drain, in three drains"
+    # A frame of the lighter one may land just before a sample: 5% slack.
+    assert min(ratios) > 0.95, ratios
+
+
+async def _delivered_ratios_mid_drain(hub: GatewayProcess, token: str, n: int) -> list[float]:
+    """Heavier's delivered count over the lighter's, sampled while ``n`` messages
+    drain to a subscriber of priority 2 and one of priority 1 (both get all)."""
+    topic = unique("t")
+    ratios: list[float] = []
     async with (
         await subscriber(hub, token, topic, capacity=n, credit=0, priority=1) as light,
         await subscriber(hub, token, topic, capacity=n, credit=0, priority=2) as heavy,
@@ -172,7 +188,6 @@ async def test_priority_never_puts_the_heavier_subscriber_behind(
         await publish_all(hub, token, topic, list(range(n)))
         await heavy.send({"op": "credit", "n": n})
         await light.send({"op": "credit", "n": n})
-        ratios = []
         for _ in range(2000):
             _, stats = await ahttp("GET", f"{hub.http}/api/stats", token)
             rows = {
@@ -182,11 +197,11 @@ async def test_priority_never_puts_the_heavier_subscriber_behind(
                 break
             if rows[1] > 0:
                 ratios.append(rows[2] / rows[1])
-        assert ratios, "never caught the sender mid-drain"
-        # A frame of the lighter one may land just before a sample: 5% slack.
-        assert min(ratios) > 0.95, ratios
+            elif rows[2] > 0:
+                ratios.append(float("inf"))  # the heavier one alone is under way
         for s in (light, heavy):
             await collect(s, n, timeout=60)
+    return ratios
 
 
 async def test_bad_subscriber_parameters(hub: GatewayProcess, token: str) -> None:
